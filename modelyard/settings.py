@@ -1,0 +1,188 @@
+"""Django settings for Modelyard.
+
+With no environment at all this is the embedded default: SQLite and artifacts in
+``MODELYARD_DATA_DIR``, tasks run in-process after commit. Production is configured entirely
+through ``MODELYARD_*`` variables; the README lists them all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from modelyard.env import (
+    database_from_url,
+    env_bool,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+    load_or_create_secret,
+    storage_from_url,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+DATA_DIR = Path(env_str("MODELYARD_DATA_DIR") or Path.cwd() / ".modelyard").resolve()
+
+SECRET_KEY = env_str("MODELYARD_SECRET_KEY") or load_or_create_secret(DATA_DIR / "secret_key")
+DEBUG = env_bool("MODELYARD_DEBUG", False)
+ALLOWED_HOSTS = env_list("MODELYARD_ALLOWED_HOSTS", ["*"])
+CSRF_TRUSTED_ORIGINS = env_list("MODELYARD_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "storage",
+    "registry",
+    "inference",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "modelyard.urls"
+WSGI_APPLICATION = "modelyard.wsgi.application"
+ASGI_APPLICATION = "modelyard.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+_database_url = env_str("MODELYARD_DATABASE_URL")
+EMBEDDED_DATABASE = not _database_url
+DATABASES = {
+    "default": database_from_url("MODELYARD_DATABASE_URL", _database_url)
+    if _database_url
+    else {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": DATA_DIR / "modelyard.sqlite3",
+        # Several threads (request, in-process tasks) share one file: wait instead of failing.
+        "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+    }
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+LOGIN_URL = "/admin/login/"
+
+# --- Artifacts -------------------------------------------------------------------------------
+STORAGE = storage_from_url(
+    "MODELYARD_STORAGE_URL", env_str("MODELYARD_STORAGE_URL") or (DATA_DIR / "artifacts").as_uri()
+)
+S3_ENDPOINT_URL = env_str("MODELYARD_S3_ENDPOINT_URL") or None
+S3_REGION = env_str("MODELYARD_S3_REGION") or None
+S3_ADDRESSING_STYLE = env_str("MODELYARD_S3_ADDRESSING_STYLE", "auto")
+if S3_ADDRESSING_STYLE not in {"auto", "path", "virtual"}:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"MODELYARD_S3_ADDRESSING_STYLE: expected auto, path or virtual, got {S3_ADDRESSING_STYLE!r}"
+    )
+S3_MAX_ATTEMPTS = env_int("MODELYARD_S3_MAX_ATTEMPTS", 3, minimum=1)
+S3_CONNECT_TIMEOUT = env_float("MODELYARD_S3_CONNECT_TIMEOUT", 5.0, minimum=0.1)
+S3_MULTIPART_CHUNK_MB = env_int("MODELYARD_S3_MULTIPART_CHUNK_MB", 16, minimum=5)
+S3_MAX_CONCURRENCY = env_int("MODELYARD_S3_MAX_CONCURRENCY", 4, minimum=1)
+
+MAX_UPLOAD_BYTES = env_int("MODELYARD_MAX_UPLOAD_BYTES", 8 * 1024**3, minimum=1)
+# Uploaded files are spooled to disk as they arrive; nothing over this stays in memory.
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+FILE_UPLOAD_TEMP_DIR = env_str("MODELYARD_UPLOAD_TEMP_DIR") or None
+# Objects that no version references are deleted after this grace period.
+GC_GRACE_SECONDS = env_int("MODELYARD_GC_GRACE_SECONDS", 24 * 3600, minimum=0)
+# A validation whose worker stopped heartbeating for this long is taken over by another.
+VALIDATION_HEARTBEAT_SECONDS = env_float("MODELYARD_VALIDATION_HEARTBEAT_SECONDS", 5.0, minimum=0.1)
+VALIDATION_STALE_SECONDS = env_float("MODELYARD_VALIDATION_STALE_SECONDS", 30.0, minimum=0.5)
+VALIDATION_WORK_DIR = env_str("MODELYARD_WORK_DIR") or str(DATA_DIR / "work")
+
+# --- Tasks -----------------------------------------------------------------------------------
+BROKER_URL = env_str("MODELYARD_BROKER_URL") or None
+CELERY_BROKER_URL = BROKER_URL or "memory://"
+CELERY_TASK_ALWAYS_EAGER = BROKER_URL is None
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    # With Redis, a message whose worker died unacknowledged comes back after this long.
+    "visibility_timeout": env_int("MODELYARD_BROKER_VISIBILITY_TIMEOUT", 3600, minimum=1),
+}
+CELERY_BEAT_SCHEDULE = {
+    "sweep-stuck-versions": {"task": "registry.tasks.sweep_stuck_versions", "schedule": 60.0},
+    "collect-orphaned-artifacts": {"task": "registry.tasks.collect_orphaned_artifacts", "schedule": 3600.0},
+}
+
+# --- API -------------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "registry.auth.BearerTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["registry.permissions.ReadAuthenticatedWriteMaintainer"],
+    "DEFAULT_PAGINATION_CLASS": "registry.api.pagination.Pagination",
+    "PAGE_SIZE": 50,
+    "EXCEPTION_HANDLER": "registry.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Modelyard registry API",
+    "DESCRIPTION": "Versioned ONNX artifacts, aliases and promotions.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("MODELYARD_LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,56 @@
+"""Every API error is JSON ``{"error": "...", "detail": ...}`` with a 4xx or 5xx status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import Http404, HttpRequest, JsonResponse
+from rest_framework import exceptions
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from registry.errors import ApiError
+from storage import StorageError
+
+_MESSAGES = {
+    exceptions.NotAuthenticated: "authentication required: send 'Authorization: Bearer <token>'",
+    exceptions.AuthenticationFailed: "invalid or revoked API token",
+}
+
+
+def _summarise(detail: Any) -> str:
+    if isinstance(detail, dict):
+        parts = []
+        for field, value in detail.items():
+            text = _summarise(value)
+            parts.append(text if field in {"non_field_errors", "detail"} else f"{field}: {text}")
+        return "; ".join(parts)
+    if isinstance(detail, list):
+        return " ".join(_summarise(item) for item in detail)
+    return str(detail)
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, StorageError):
+        return Response({"error": f"artifact storage is unavailable: {exc}", "detail": None}, status=503)
+    response = drf_exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, ApiError):
+        response.data = {"error": exc.message, "detail": exc.extra}
+    elif isinstance(exc, exceptions.ValidationError):
+        response.data = {"error": _summarise(exc.detail), "detail": exc.detail}
+    elif isinstance(exc, Http404 | exceptions.NotFound):
+        response.data = {"error": str(getattr(exc, "detail", "")) or "not found", "detail": None}
+    else:
+        message = _MESSAGES.get(type(exc)) or _summarise(getattr(exc, "detail", str(exc)))
+        response.data = {"error": message, "detail": None}
+    return response
+
+
+def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return JsonResponse({"error": "not found", "detail": request.path}, status=404)
+
+
+def json_500(request: HttpRequest) -> JsonResponse:
+    return JsonResponse({"error": "internal server error", "detail": None}, status=500)

@@ -1,0 +1,84 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from registry.models import NAME_PATTERN, ModelFile, ModelVersion, RegisteredModel
+
+
+class ModelSerializer(serializers.ModelSerializer[RegisteredModel]):
+    created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
+
+    class Meta:
+        model = RegisteredModel
+        fields = ["name", "description", "tags", "last_version", "created_by", "created_at", "updated_at"]
+        read_only_fields = fields
+
+
+class TagsField(serializers.ListField):
+    child = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$", error_messages={"invalid": "bad tag"})
+    max_length = 32
+
+
+class ModelCreateInput(serializers.Serializer[Any]):
+    name = serializers.RegexField(
+        NAME_PATTERN,
+        max_length=64,
+        error_messages={
+            "invalid": "invalid model name: use 1-64 characters of lowercase letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit"
+        },
+    )
+    description = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)
+    tags = TagsField(required=False, default=list)
+
+
+class ModelUpdateInput(serializers.Serializer[Any]):
+    description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
+    tags = TagsField(required=False)
+
+
+class FileSerializer(serializers.ModelSerializer[ModelFile]):
+    class Meta:
+        model = ModelFile
+        fields = ["name", "role", "sha256", "size_bytes"]
+
+
+class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
+    model = serializers.CharField(source="model.name", read_only=True)
+    files = FileSerializer(many=True, read_only=True)
+    created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
+
+    class Meta:
+        model = ModelVersion
+        fields = [
+            "model",
+            "version",
+            "status",
+            "description",
+            "metadata",
+            "sha256",
+            "size_bytes",
+            "files",
+            "signature",
+            "ir_version",
+            "opset",
+            "producer",
+            "errors",
+            "warnings",
+            "created_by",
+            "created_at",
+            "validated_at",
+        ]
+        read_only_fields = fields
+
+
+class VersionUploadInput(serializers.Serializer[Any]):
+    description = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)
+    metadata = serializers.JSONField(required=False, default=dict)
+
+    def validate_metadata(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("metadata must be a JSON object")
+        return value

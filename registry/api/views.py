@@ -1,0 +1,170 @@
+"""Registry REST API: thin views over selectors (reads) and services (writes)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.conf import settings
+from django.http import FileResponse, Http404
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import generics, status
+from rest_framework.parsers import MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from registry import selectors, services
+from registry.api.serializers import (
+    ModelCreateInput,
+    ModelSerializer,
+    ModelUpdateInput,
+    VersionSerializer,
+    VersionUploadInput,
+)
+from registry.audit import actor_from_request
+from registry.errors import PayloadTooLarge, UploadRejected
+from registry.models import ModelVersion, RegisteredModel
+from registry.uploads import ArtifactUploadHandler, StoredUpload
+from registry.work import upload_key_prefix
+from storage import StorageError, get_storage
+
+
+class ModelListCreate(generics.ListAPIView[RegisteredModel]):
+    serializer_class = ModelSerializer
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("q", str, description="substring of the name or description"),
+            OpenApiParameter("tag", str, description="only models with this tag"),
+        ]
+    )
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
+    def get_queryset(self) -> Any:
+        params = self.request.query_params
+        return selectors.model_list(query=params.get("q", ""), tag=params.get("tag", ""))
+
+    @extend_schema(request=ModelCreateInput, responses={201: ModelSerializer})
+    def post(self, request: Request) -> Response:
+        data = ModelCreateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        model = services.model_create(**data.validated_data, actor=actor_from_request(request))
+        return Response(ModelSerializer(model).data, status=status.HTTP_201_CREATED)
+
+
+class ModelDetail(APIView):
+    @extend_schema(responses=ModelSerializer)
+    def get(self, request: Request, name: str) -> Response:
+        return Response(ModelSerializer(get_object_or_404(RegisteredModel, name=name)).data)
+
+    @extend_schema(request=ModelUpdateInput, responses=ModelSerializer)
+    def patch(self, request: Request, name: str) -> Response:
+        model = get_object_or_404(RegisteredModel, name=name)
+        data = ModelUpdateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        model = services.model_update(model=model, **data.validated_data, actor=actor_from_request(request))
+        return Response(ModelSerializer(model).data)
+
+
+class VersionListUpload(generics.ListAPIView[ModelVersion]):
+    serializer_class = VersionSerializer
+    parser_classes = [MultiPartParser]
+
+    def get_queryset(self) -> Any:
+        model = get_object_or_404(RegisteredModel, name=self.kwargs["name"])
+        return selectors.version_list(model=model, status=self.request.query_params.get("status", ""))
+
+    @extend_schema(
+        request={
+            "multipart/form-data": {
+                "type": "object",
+                "properties": {
+                    "file": {"type": "array", "items": {"type": "string", "format": "binary"}},
+                    "description": {"type": "string"},
+                    "metadata": {"type": "string", "description": "a JSON object"},
+                },
+                "required": ["file"],
+            }
+        },
+        responses={201: VersionSerializer},
+    )
+    def post(self, request: Request, name: str) -> Response:
+        model = get_object_or_404(RegisteredModel, name=name)
+        if not request.content_type.startswith("multipart/form-data"):
+            raise UploadRejected("send the files as multipart/form-data with one 'file' part per file")
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+        if length > settings.MAX_UPLOAD_BYTES:
+            raise PayloadTooLarge(f"the upload is larger than the limit of {settings.MAX_UPLOAD_BYTES} bytes")
+        handler = ArtifactUploadHandler(
+            request, key_prefix=upload_key_prefix(model.name, uuid.uuid4().hex), max_bytes=settings.MAX_UPLOAD_BYTES
+        )
+        request._request.upload_handlers = [handler]
+        try:
+            version = self._create_version(request, model)
+        except BaseException:
+            handler.abort()
+            _delete_quietly(handler.written_keys)
+            raise
+        return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED)
+
+    def _create_version(self, request: Request, model: RegisteredModel) -> ModelVersion:
+        uploads: list[StoredUpload] = request.FILES.getlist("file")  # type: ignore[assignment]
+        if not uploads:
+            raise UploadRejected("no files: send the .onnx model as a multipart 'file' part")
+        first = uploads[0]
+        assert first.sniff is not None  # the handler sniffs the first part
+        from registry.validation import runtime_limit_errors
+
+        limit_errors = runtime_limit_errors(first.sniff.ir_version, first.sniff.opsets)
+        if limit_errors:
+            raise UploadRejected(f"'{first.name}': {' '.join(limit_errors)}")
+        fields = VersionUploadInput(data=request.POST)
+        fields.is_valid(raise_exception=True)
+        files = [
+            services.StoredFile(name=u.name or "", storage_key=u.storage_key, sha256=u.sha256, size_bytes=u.size or 0)
+            for u in uploads
+        ]
+        version = services.version_create(
+            model=model, files=files, **fields.validated_data, actor=actor_from_request(request)
+        )
+        version.refresh_from_db()  # in-process validation may already have finished
+        return version
+
+
+def _delete_quietly(keys: list[str]) -> None:
+    storage = get_storage()
+    for key in keys:
+        try:
+            storage.delete(key)
+        except StorageError:
+            pass  # the orphan collector removes it later
+
+
+def _get_version(name: str, version: int) -> ModelVersion:
+    found = selectors.version_list(model=get_object_or_404(RegisteredModel, name=name)).filter(version=version).first()
+    if found is None:
+        raise Http404(f"model '{name}' has no version {version}")
+    return found
+
+
+class VersionDetail(APIView):
+    @extend_schema(responses=VersionSerializer)
+    def get(self, request: Request, name: str, version: int) -> Response:
+        return Response(VersionSerializer(_get_version(name, version)).data)
+
+
+class VersionDownload(APIView):
+    @extend_schema(responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
+    def get(self, request: Request, name: str, version: int) -> FileResponse:
+        found = _get_version(name, version)
+        model_file = found.model_file
+        stream = get_storage().open(model_file.storage_key)
+        response = FileResponse(stream, as_attachment=True, filename=model_file.name)
+        response["Content-Length"] = str(model_file.size_bytes)
+        response["ETag"] = f'"{model_file.sha256}"'
+        response["X-Content-SHA256"] = model_file.sha256
+        return response

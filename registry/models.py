@@ -1,0 +1,191 @@
+"""Registry rows: models, their versions and files, API tokens, and the audit chain."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+name_validator = RegexValidator(
+    NAME_PATTERN,
+    "Use 1-64 characters: lowercase letters, digits, '.', '_' or '-', starting with a letter or digit.",
+)
+
+
+class Role(models.TextChoices):
+    VIEWER = "viewer"
+    MAINTAINER = "maintainer"
+    APPROVER = "approver"
+    AUDITOR = "auditor"
+    INFERENCE = "inference"
+    ADMIN = "admin"
+
+
+class RegisteredModel(models.Model):
+    """A named model: the parent of its numbered versions."""
+
+    name = models.CharField(max_length=64, unique=True, validators=[name_validator])
+    description = models.TextField(blank=True, default="")
+    tags = models.JSONField(default=list, blank=True)
+    # The last version number handed out; bumped under a row lock so numbers never repeat.
+    last_version = models.PositiveIntegerField(default=0)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class VersionStatus(models.TextChoices):
+    PENDING = "pending"
+    VALIDATING = "validating"
+    READY = "ready"
+    FAILED = "failed"
+
+
+class ModelVersion(models.Model):
+    """One immutable uploaded artifact bundle of a model, and what validation found in it."""
+
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="versions")
+    version = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=VersionStatus.choices, default=VersionStatus.PENDING)
+    description = models.TextField(blank=True, default="")
+    metadata = models.JSONField(default=dict, blank=True)
+    # sha256 and size of the .onnx file itself; size_bytes counts every file of the version.
+    sha256 = models.CharField(max_length=64)
+    size_bytes = models.BigIntegerField()
+    signature = models.JSONField(default=dict, blank=True)
+    ir_version = models.PositiveIntegerField(null=True, blank=True)
+    opset = models.JSONField(default=list, blank=True)
+    producer = models.JSONField(default=dict, blank=True)
+    errors = models.JSONField(default=list, blank=True)
+    warnings = models.JSONField(default=list, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    validation_started_at = models.DateTimeField(null=True, blank=True)
+    validation_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    validation_attempts = models.PositiveIntegerField(default=0)
+    validated_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["model_id", "-version"]
+        constraints = [models.UniqueConstraint(fields=["model", "version"], name="unique_model_version")]
+        indexes = [models.Index(fields=["status", "validation_heartbeat_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.model.name} v{self.version}"
+
+    @property
+    def model_file(self) -> ModelFile:
+        return self.files.get(role=FileRole.MODEL)
+
+
+class FileRole(models.TextChoices):
+    MODEL = "model"
+    EXTERNAL_DATA = "external_data"
+    EXTRA = "extra"
+
+
+class ModelFile(models.Model):
+    """One stored object of a version: the .onnx file, an external-data file or an extra."""
+
+    version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="files")
+    name = models.CharField(max_length=255)
+    role = models.CharField(max_length=16, choices=FileRole.choices)
+    storage_key = models.CharField(max_length=1024, unique=True)
+    sha256 = models.CharField(max_length=64)
+    size_bytes = models.BigIntegerField()
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["version", "name"], name="unique_file_name_per_version")]
+
+    def __str__(self) -> str:
+        return f"{self.version} {self.name}"
+
+
+class ApiToken(models.Model):
+    """A bearer token for the API; only its sha256 is stored."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, blank=True, default="")
+    prefix = models.CharField(max_length=16, unique=True)
+    key_hash = models.CharField(max_length=64)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"token {self.prefix} of {self.user}"
+
+    @staticmethod
+    def hash_key(key: str) -> str:
+        return hashlib.sha256(key.encode()).hexdigest()
+
+
+class AuditEvent(models.Model):
+    """One recorded change; events form a sha256 hash chain ordered by ``seq``."""
+
+    seq = models.PositiveBigIntegerField(unique=True)
+    at = models.DateTimeField()
+    actor = models.CharField(max_length=150)
+    actor_user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    token_id = models.BigIntegerField(null=True, blank=True)
+    action = models.CharField(max_length=64)
+    target_type = models.CharField(max_length=32)
+    target = models.CharField(max_length=255)
+    model_name = models.CharField(max_length=64, blank=True, default="", db_index=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    ip = models.CharField(max_length=64, blank=True, default="")
+    user_agent = models.CharField(max_length=512, blank=True, default="")
+    request_id = models.CharField(max_length=64, blank=True, default="")
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+
+    class Meta:
+        ordering = ["seq"]
+        indexes = [models.Index(fields=["action", "at"]), models.Index(fields=["actor", "at"])]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.actor} {self.action} {self.target}"
+
+    def canonical(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "at": self.at.isoformat(),
+            "actor": self.actor,
+            "token_id": self.token_id,
+            "action": self.action,
+            "target_type": self.target_type,
+            "target": self.target,
+            "model": self.model_name,
+            "before": self.before,
+            "after": self.after,
+            "ip": self.ip,
+            "user_agent": self.user_agent,
+            "request_id": self.request_id,
+        }
+
+    def compute_hash(self) -> str:
+        body = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256((self.prev_hash + body).encode()).hexdigest()
+
+
+class AuditChainHead(models.Model):
+    """The single row locked while appending, so the chain stays linear under concurrency."""
+
+    last_seq = models.PositiveBigIntegerField(default=0)
+    last_hash = models.CharField(max_length=64, default="0" * 64)
+
+    def __str__(self) -> str:
+        return f"audit head #{self.last_seq}"

@@ -1,0 +1,294 @@
+"""Every write to the registry. Each top-level service owns its transaction."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from registry.audit import SYSTEM, Actor, audit_record
+from registry.errors import Conflict, UploadRejected
+from registry.models import (
+    ApiToken,
+    FileRole,
+    ModelFile,
+    ModelVersion,
+    RegisteredModel,
+    Role,
+    VersionStatus,
+)
+from registry.validation import ValidationResult
+
+
+def _enqueue_validation(version_id: int) -> None:
+    from registry.tasks import validate_version
+
+    validate_version.delay(version_id)
+
+
+# --- Models ------------------------------------------------------------------------------------
+
+
+@transaction.atomic(durable=True)
+def model_create(*, name: str, description: str = "", tags: Sequence[str] = (), actor: Actor) -> RegisteredModel:
+    if RegisteredModel.objects.filter(name=name).exists():
+        raise Conflict(f"a model named '{name}' already exists")
+    try:
+        with transaction.atomic():
+            model = RegisteredModel.objects.create(
+                name=name, description=description, tags=list(tags), created_by=actor.user
+            )
+    except IntegrityError as exc:  # lost a race with a concurrent create of the same name
+        raise Conflict(f"a model named '{name}' already exists") from exc
+    audit_record(
+        actor=actor,
+        action="model.create",
+        target_type="model",
+        target=name,
+        model_name=name,
+        after={"description": description, "tags": list(tags)},
+    )
+    return model
+
+
+@transaction.atomic(durable=True)
+def model_update(
+    *, model: RegisteredModel, description: str | None = None, tags: Sequence[str] | None = None, actor: Actor
+) -> RegisteredModel:
+    model = RegisteredModel.objects.select_for_update().get(pk=model.pk)
+    before = {"description": model.description, "tags": model.tags}
+    if description is not None:
+        model.description = description
+    if tags is not None:
+        model.tags = list(tags)
+    model.save(update_fields=["description", "tags", "updated_at"])
+    audit_record(
+        actor=actor,
+        action="model.update",
+        target_type="model",
+        target=model.name,
+        model_name=model.name,
+        before=before,
+        after={"description": model.description, "tags": model.tags},
+    )
+    return model
+
+
+# --- Versions ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    """A file already written to storage, about to be attached to a new version."""
+
+    name: str
+    storage_key: str
+    sha256: str
+    size_bytes: int
+
+
+@transaction.atomic(durable=True)
+def version_create(
+    *,
+    model: RegisteredModel,
+    files: Sequence[StoredFile],
+    description: str = "",
+    metadata: dict[str, Any] | None = None,
+    actor: Actor,
+) -> ModelVersion:
+    """Record an uploaded bundle as a new ``pending`` version and queue its validation.
+
+    The bytes are already in storage; the first file is the .onnx model.
+    """
+    if not files:
+        raise UploadRejected("no files: send the .onnx model as a multipart 'file' part")
+    model = RegisteredModel.objects.select_for_update().get(pk=model.pk)
+    model.last_version += 1
+    model.save(update_fields=["last_version", "updated_at"])
+    onnx_file = files[0]
+    version = ModelVersion.objects.create(
+        model=model,
+        version=model.last_version,
+        status=VersionStatus.PENDING,
+        description=description,
+        metadata=metadata or {},
+        sha256=onnx_file.sha256,
+        size_bytes=sum(f.size_bytes for f in files),
+        created_by=actor.user,
+    )
+    ModelFile.objects.bulk_create(
+        ModelFile(
+            version=version,
+            name=f.name,
+            role=FileRole.MODEL if index == 0 else FileRole.EXTRA,
+            storage_key=f.storage_key,
+            sha256=f.sha256,
+            size_bytes=f.size_bytes,
+        )
+        for index, f in enumerate(files)
+    )
+    audit_record(
+        actor=actor,
+        action="version.upload",
+        target_type="version",
+        target=f"{model.name}/{version.version}",
+        model_name=model.name,
+        after={
+            "version": version.version,
+            "sha256": version.sha256,
+            "size_bytes": version.size_bytes,
+            "files": [{"name": f.name, "sha256": f.sha256, "size_bytes": f.size_bytes} for f in files],
+        },
+    )
+    transaction.on_commit(partial(_enqueue_validation, version.pk))
+    return version
+
+
+def version_claim_for_validation(*, version_id: int) -> bool:
+    """Move a version to ``validating`` if it is pending, or if its validator stopped heartbeating.
+
+    Returns False when another live worker holds it or it is already decided, which makes a
+    task that is delivered twice harmless.
+    """
+    now = timezone.now()
+    stale_before = now - timedelta(seconds=settings.VALIDATION_STALE_SECONDS)
+    claimable = Q(status=VersionStatus.PENDING) | Q(
+        status=VersionStatus.VALIDATING, validation_heartbeat_at__lt=stale_before
+    )
+    claimed = ModelVersion.objects.filter(claimable, pk=version_id).update(
+        status=VersionStatus.VALIDATING,
+        validation_started_at=now,
+        validation_heartbeat_at=now,
+        validation_attempts=F("validation_attempts") + 1,
+    )
+    return bool(claimed)
+
+
+def version_release_claim(*, version_id: int, error: str, give_up: int) -> bool:
+    """Hand a claimed version back after a transient error; returns False once it has failed for good.
+
+    After ``give_up`` attempts the version ends ``failed`` instead, so none stays pending forever.
+    """
+    version = ModelVersion.objects.filter(pk=version_id, status=VersionStatus.VALIDATING).first()
+    if version is None:
+        return False
+    if version.validation_attempts >= give_up:
+        result = ValidationResult(errors=[f"validation gave up after {version.validation_attempts} attempts: {error}"])
+        version_record_validation(version_id=version_id, result=result)
+        return False
+    ModelVersion.objects.filter(pk=version_id, status=VersionStatus.VALIDATING).update(status=VersionStatus.PENDING)
+    return True
+
+
+def version_validation_heartbeat(*, version_id: int) -> None:
+    ModelVersion.objects.filter(pk=version_id, status=VersionStatus.VALIDATING).update(
+        validation_heartbeat_at=timezone.now()
+    )
+
+
+@transaction.atomic(durable=True)
+def version_record_validation(*, version_id: int, result: ValidationResult) -> ModelVersion | None:
+    """Store the validation outcome; a version already decided is left alone."""
+    version = (
+        ModelVersion.objects.select_for_update()
+        .select_related("model")
+        .filter(pk=version_id, status=VersionStatus.VALIDATING)
+        .first()
+    )
+    if version is None:
+        return None
+    version.status = VersionStatus.READY if result.ok else VersionStatus.FAILED
+    version.errors = result.errors
+    version.warnings = result.warnings
+    version.signature = result.signature
+    version.ir_version = result.ir_version
+    version.opset = result.opset
+    version.producer = result.producer
+    version.validated_at = timezone.now()
+    version.save()
+    if result.external_data_files:
+        version.files.filter(name__in=result.external_data_files, role=FileRole.EXTRA).update(
+            role=FileRole.EXTERNAL_DATA
+        )
+    audit_record(
+        actor=SYSTEM,
+        action="version.validate",
+        target_type="version",
+        target=f"{version.model.name}/{version.version}",
+        model_name=version.model.name,
+        before={"status": VersionStatus.VALIDATING},
+        after={"status": version.status, "errors": result.errors},
+    )
+    return version
+
+
+def version_requeue_stuck(*, pending_older_than: timedelta) -> list[int]:
+    """Ids of versions whose validation was lost: pending too long, or validating with no heartbeat."""
+    now = timezone.now()
+    stale = now - timedelta(seconds=settings.VALIDATION_STALE_SECONDS)
+    ids = list(
+        ModelVersion.objects.filter(
+            Q(status=VersionStatus.PENDING, created_at__lt=now - pending_older_than)
+            | Q(status=VersionStatus.VALIDATING, validation_heartbeat_at__lt=stale)
+        ).values_list("pk", flat=True)
+    )
+    for version_id in ids:
+        _enqueue_validation(version_id)
+    return ids
+
+
+# --- Users and tokens -----------------------------------------------------------------------------
+
+
+@transaction.atomic(durable=True)
+def token_create(
+    *, username: str, create_user: bool = False, roles: Sequence[str] = (), name: str = "", actor: Actor = SYSTEM
+) -> tuple[ApiToken, str]:
+    """Create an API token (and optionally its user); returns the row and the only copy of the secret."""
+    unknown = sorted(set(roles) - set(Role.values))
+    if unknown:
+        raise ValueError(f"unknown role(s) {', '.join(unknown)}; roles are {', '.join(Role.values)}")
+    User = get_user_model()
+    user = User.objects.filter(username=username).first()
+    if user is None:
+        if not create_user:
+            raise ValueError(f"no user named '{username}' (pass --create-user to create it)")
+        user = User.objects.create_user(username=username)
+        user.set_unusable_password()
+        user.save()
+        audit_record(actor=actor, action="user.create", target_type="user", target=username)
+    added = []
+    for role in roles:
+        group, _ = Group.objects.get_or_create(name=role)
+        if not user.groups.filter(pk=group.pk).exists():
+            user.groups.add(group)
+            added.append(role)
+    if added:
+        audit_record(actor=actor, action="user.roles.grant", target_type="user", target=username, after={"roles": added})
+    prefix = secrets.token_hex(6)
+    raw = f"my_{prefix}_{secrets.token_urlsafe(32)}"
+    token = ApiToken.objects.create(user=user, name=name, prefix=prefix, key_hash=ApiToken.hash_key(raw))
+    audit_record(
+        actor=actor, action="token.create", target_type="token", target=prefix, after={"user": username, "name": name}
+    )
+    return token, raw
+
+
+@transaction.atomic(durable=True)
+def token_revoke(*, token: ApiToken, actor: Actor) -> ApiToken:
+    token = ApiToken.objects.select_for_update().get(pk=token.pk)
+    if token.revoked_at is None:
+        token.revoked_at = timezone.now()
+        token.save(update_fields=["revoked_at"])
+        audit_record(actor=actor, action="token.revoke", target_type="token", target=token.prefix)
+    return token

@@ -1,0 +1,48 @@
+"""Celery tasks: each loads a row by id, calls a service, and is safe to deliver twice."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from celery import shared_task
+from django.conf import settings
+
+from registry import services, work
+from registry.models import ModelVersion, VersionStatus
+from storage import StorageUnavailable
+
+logger = logging.getLogger(__name__)
+
+MAX_VALIDATION_ATTEMPTS = 5
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True, bind=True, max_retries=MAX_VALIDATION_ATTEMPTS)
+def validate_version(self, version_id: int) -> str:  # type: ignore[no-untyped-def]
+    if not services.version_claim_for_validation(version_id=version_id):
+        return "skipped"
+    version = ModelVersion.objects.select_related("model").get(pk=version_id)
+    try:
+        result = work.validate_stored_version(version)
+    except StorageUnavailable as exc:
+        if services.version_release_claim(version_id=version_id, error=str(exc), give_up=MAX_VALIDATION_ATTEMPTS):
+            raise self.retry(exc=exc, countdown=min(300, 5 * 2**self.request.retries)) from exc
+        return "gave up"
+    services.version_record_validation(version_id=version_id, result=result)
+    return "done"
+
+
+@shared_task
+def sweep_stuck_versions() -> list[int]:
+    """Re-queue validations whose task or worker was lost."""
+    return services.version_requeue_stuck(pending_older_than=timedelta(minutes=5))
+
+
+@shared_task
+def collect_orphaned_artifacts(grace_seconds: int | None = None) -> list[str]:
+    """Delete stored objects that no version references, once they are older than the grace period."""
+    grace = settings.GC_GRACE_SECONDS if grace_seconds is None else grace_seconds
+    return work.collect_orphans(grace=timedelta(seconds=grace))
+
+
+__all__ = ["VersionStatus", "collect_orphaned_artifacts", "sweep_stuck_versions", "validate_version"]

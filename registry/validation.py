@@ -1,0 +1,269 @@
+"""Validation of an uploaded ONNX bundle, from protobuf checks to one real ONNX Runtime run.
+
+Everything here works on files in a local folder (the version's files, under their upload
+names) and returns findings a person can read; nothing touches the database.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+
+# Open Inference Protocol datatype names for ONNX tensor element types.
+ONNX_TO_PROTOCOL = {
+    TensorProto.BOOL: "BOOL",
+    TensorProto.UINT8: "UINT8",
+    TensorProto.UINT16: "UINT16",
+    TensorProto.UINT32: "UINT32",
+    TensorProto.UINT64: "UINT64",
+    TensorProto.INT8: "INT8",
+    TensorProto.INT16: "INT16",
+    TensorProto.INT32: "INT32",
+    TensorProto.INT64: "INT64",
+    TensorProto.FLOAT16: "FP16",
+    TensorProto.FLOAT: "FP32",
+    TensorProto.DOUBLE: "FP64",
+    TensorProto.BFLOAT16: "BF16",
+    TensorProto.STRING: "BYTES",
+}
+
+# ONNX Runtime's input type strings, for building synthetic inputs.
+_ORT_NUMPY = {
+    "tensor(bool)": np.bool_,
+    "tensor(uint8)": np.uint8,
+    "tensor(uint16)": np.uint16,
+    "tensor(uint32)": np.uint32,
+    "tensor(uint64)": np.uint64,
+    "tensor(int8)": np.int8,
+    "tensor(int16)": np.int16,
+    "tensor(int32)": np.int32,
+    "tensor(int64)": np.int64,
+    "tensor(float16)": np.float16,
+    "tensor(float)": np.float32,
+    "tensor(double)": np.float64,
+    "tensor(string)": np.object_,
+}
+
+
+@dataclass(frozen=True)
+class RuntimeLimits:
+    """What the installed ONNX Runtime accepts, found by probing it once per process."""
+
+    ort_version: str
+    max_ir_version: int
+    max_opset: int
+
+
+def _probe_model(ir_version: int, opset: int) -> bytes:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", [x], [y])
+    model = helper.make_model(graph, ir_version=ir_version, opset_imports=[helper.make_opsetid("", opset)])
+    return model.SerializeToString()
+
+
+def _loads(data: bytes) -> bool:
+    import onnxruntime as ort
+
+    try:
+        ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 - any refusal means "not supported"
+        return False
+    return True
+
+
+@cache
+def runtime_limits() -> RuntimeLimits:
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)
+    max_ir = next(ir for ir in range(onnx.IR_VERSION + 3, 2, -1) if _loads(_probe_model(ir, 13)))
+    max_opset = next(op for op in range(onnx.defs.onnx_opset_version() + 3, 6, -1) if _loads(_probe_model(7, op)))
+    return RuntimeLimits(ort_version=ort.__version__, max_ir_version=max_ir, max_opset=max_opset)
+
+
+def runtime_limit_errors(ir_version: int | None, opsets: dict[str, int]) -> list[str]:
+    """Readable errors for an IR version or default-domain opset the runtime cannot load."""
+    limits = runtime_limits()
+    errors = []
+    if ir_version is not None and ir_version > limits.max_ir_version:
+        errors.append(
+            f"IR version {ir_version} is newer than ONNX Runtime {limits.ort_version} supports "
+            f"(IR version {limits.max_ir_version} at most). Save the model with ir_version={limits.max_ir_version} "
+            f"or lower, for example onnx.helper.make_model(graph, ir_version={limits.max_ir_version})."
+        )
+    for domain in ("", "ai.onnx"):
+        opset = opsets.get(domain)
+        if opset is not None and opset > limits.max_opset:
+            errors.append(
+                f"opset {opset} of the default ONNX domain is newer than ONNX Runtime {limits.ort_version} "
+                f"supports (opset {limits.max_opset} at most). Export with opset_version={limits.max_opset} or lower."
+            )
+    return errors
+
+
+@dataclass
+class ValidationResult:
+    """The outcome of validating one version's files."""
+
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    signature: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"inputs": [], "outputs": []})
+    ir_version: int | None = None
+    opset: list[dict[str, Any]] = field(default_factory=list)
+    producer: dict[str, str] = field(default_factory=dict)
+    external_data_files: set[str] = field(default_factory=set)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    # ORT prefixes messages with a C++ source location; keep what a person can act on.
+    if "] : " in text and text.startswith("[ONNXRuntimeError]"):
+        text = text.split("] : ", 1)[1]
+    return text
+
+
+def _tensor_spec(value_info: onnx.ValueInfoProto) -> dict[str, Any] | None:
+    kind = value_info.type.WhichOneof("value")
+    if kind != "tensor_type":
+        return None
+    tensor = value_info.type.tensor_type
+    datatype = ONNX_TO_PROTOCOL.get(tensor.elem_type, TensorProto.DataType.Name(tensor.elem_type))
+    shape: list[int] | None = None
+    if tensor.HasField("shape"):
+        shape = [dim.dim_value if dim.HasField("dim_value") else -1 for dim in tensor.shape.dim]
+    return {"name": value_info.name, "datatype": datatype, "shape": shape}
+
+
+def extract_signature(model: onnx.ModelProto) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+    initializers = {init.name for init in model.graph.initializer}
+    warnings: list[str] = []
+    signature: dict[str, list[dict[str, Any]]] = {"inputs": [], "outputs": []}
+    for key, values in (("inputs", model.graph.input), ("outputs", model.graph.output)):
+        for value in values:
+            if key == "inputs" and value.name in initializers:
+                continue
+            spec = _tensor_spec(value)
+            if spec is None:
+                warnings.append(f"{key[:-1]} '{value.name}' is not a tensor; it cannot be served over /v2")
+                continue
+            signature[key].append(spec)
+    return signature, warnings
+
+
+def check_external_data(model: onnx.ModelProto, bundle_dir: Path, file_names: set[str]) -> tuple[list[str], set[str]]:
+    """Every external-data location must name one of the version's own files."""
+    from onnx.external_data_helper import _get_all_tensors
+
+    errors: list[str] = []
+    used: set[str] = set()
+    root = bundle_dir.resolve()
+    for tensor in _get_all_tensors(model):
+        if tensor.data_location != TensorProto.EXTERNAL:
+            continue
+        entries = {entry.key: entry.value for entry in tensor.external_data}
+        location = entries.get("location", "")
+        where = f"tensor '{tensor.name}' stores its data in '{location}'"
+        pure = PurePosixPath(location.replace("\\", "/"))
+        if not location:
+            errors.append(f"tensor '{tensor.name}' is marked as external data but names no location")
+        elif pure.is_absolute() or location.startswith(("\\", "/")) or (len(location) > 1 and location[1] == ":"):
+            errors.append(f"{where}, an absolute path; external data must be a file uploaded with the model")
+        elif ".." in pure.parts or not (root / pure).resolve().is_relative_to(root):
+            errors.append(f"{where}, which is outside the version's files; '..' may not appear in a location")
+        elif pure.as_posix() not in file_names:
+            errors.append(f"{where}, but no file of that name was uploaded with this version")
+        else:
+            used.add(pure.as_posix())
+    return errors, used
+
+
+def synthetic_inputs(session: Any) -> dict[str, np.ndarray]:
+    """Inputs shaped from the signature (dynamic dimensions become 1), filled with ones."""
+    feeds: dict[str, np.ndarray] = {}
+    for arg in session.get_inputs():
+        dtype = _ORT_NUMPY.get(arg.type)
+        if dtype is None:
+            raise TypeError(f"input '{arg.name}' has type {arg.type}, which validation cannot synthesise")
+        shape = [dim if isinstance(dim, int) and dim >= 0 else 1 for dim in arg.shape]
+        if dtype is np.object_:
+            feeds[arg.name] = np.full(shape, "a", dtype=object)
+        else:
+            feeds[arg.name] = np.ones(shape, dtype=dtype)
+    return feeds
+
+
+def validate_bundle(model_path: Path, file_names: set[str]) -> ValidationResult:
+    """Validate ``model_path`` whose sibling files are the version's other files."""
+    result = ValidationResult()
+    bundle_dir = model_path.parent
+    try:
+        model = onnx.load(str(model_path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf raises several types
+        result.errors.append(f"the file is not a readable ONNX model: {_first_line(exc)}")
+        return result
+
+    result.ir_version = model.ir_version
+    result.opset = [{"domain": op.domain or "ai.onnx", "version": op.version} for op in model.opset_import]
+    result.producer = {"name": model.producer_name, "version": model.producer_version}
+
+    # Locations are checked before anything opens them, so a hostile path is never read.
+    errors, result.external_data_files = check_external_data(model, bundle_dir, file_names)
+    errors += runtime_limit_errors(model.ir_version, {op.domain: op.version for op in model.opset_import})
+    if errors:
+        result.errors += errors
+        return result
+
+    try:
+        onnx.checker.check_model(str(model_path), full_check=True)
+    except Exception as exc:  # noqa: BLE001 - checker and inference errors share no base
+        result.errors.append(f"onnx.checker rejected the model: {_first_line(exc)}")
+        return result
+
+    inferred_path = bundle_dir / f".inferred-{os.getpid()}.onnx"
+    try:
+        onnx.shape_inference.infer_shapes_path(str(model_path), str(inferred_path), strict_mode=True)
+        inferred = onnx.load(str(inferred_path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001
+        result.errors.append(f"shape inference failed: {_first_line(exc)}")
+        return result
+    finally:
+        inferred_path.unlink(missing_ok=True)
+
+    result.signature, warnings = extract_signature(inferred)
+    result.warnings += warnings
+    result.errors += _run_once(model_path, result)
+    return result
+
+
+def _run_once(model_path: Path, result: ValidationResult) -> list[str]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
+        return [f"ONNX Runtime could not load the model: {_first_line(exc)}"]
+    try:
+        feeds = synthetic_inputs(session)
+    except TypeError as exc:
+        result.warnings.append(f"skipped the test run: {exc}")
+        return []
+    try:
+        session.run(None, feeds)
+    except Exception as exc:  # noqa: BLE001
+        return [f"ONNX Runtime could not run the model on synthetic inputs: {_first_line(exc)}"]
+    return []

@@ -1,0 +1,105 @@
+"""Long-running work done outside any transaction: fetching artifacts, validating, collecting garbage."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+
+from django.conf import settings
+from django.db import close_old_connections, connection
+from django.utils import timezone
+
+from registry import services
+from registry.models import FileRole, ModelFile, ModelVersion
+from registry.validation import ValidationResult, validate_bundle
+from storage import ObjectNotFound, get_storage
+from storage.base import copy_stream
+
+logger = logging.getLogger(__name__)
+
+ARTIFACT_ROOT = "artifacts"
+
+
+def upload_key_prefix(model_name: str, upload_id: str) -> str:
+    """Where an upload's files go; the random ``upload_id`` means no later upload can overwrite them."""
+    return f"{ARTIFACT_ROOT}/{model_name}/{upload_id}"
+
+
+@contextmanager
+def heartbeat(version_id: int) -> Iterator[None]:
+    """Keep the version's validation claim fresh while the body runs."""
+    stop = threading.Event()
+
+    def beat() -> None:
+        try:
+            while not stop.wait(settings.VALIDATION_HEARTBEAT_SECONDS):
+                services.version_validation_heartbeat(version_id=version_id)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=beat, name=f"heartbeat-{version_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def fetch_version_files(version: ModelVersion, target: Path) -> Path:
+    """Stream every file of the version into ``target``; returns the .onnx path."""
+    storage = get_storage()
+    model_path: Path | None = None
+    for item in version.files.all():
+        path = target / item.name
+        with storage.open(item.storage_key) as source, path.open("wb") as out:
+            copy_stream(source, out)
+        if item.role == FileRole.MODEL:
+            model_path = path
+    if model_path is None:
+        raise RuntimeError(f"{version} has no model file")
+    return model_path
+
+
+def validate_stored_version(version: ModelVersion) -> ValidationResult:
+    work_root = Path(settings.VALIDATION_WORK_DIR)
+    work_root.mkdir(parents=True, exist_ok=True)
+    with heartbeat(version.pk), tempfile.TemporaryDirectory(prefix=f"v{version.pk}-", dir=work_root) as tmp:
+        try:
+            model_path = fetch_version_files(version, Path(tmp))
+        except ObjectNotFound as exc:
+            return ValidationResult(errors=[f"a stored file of this version is missing from storage: {exc}"])
+        names = {item.name for item in version.files.all()}
+        return validate_bundle(model_path, names)
+
+
+def collect_orphans(*, grace: timedelta) -> list[str]:
+    storage = get_storage()
+    cutoff = timezone.now() - grace
+    deleted: list[str] = []
+    batch: list[str] = []
+
+    def flush() -> None:
+        referenced = set(ModelFile.objects.filter(storage_key__in=batch).values_list("storage_key", flat=True))
+        for key in batch:
+            if key not in referenced:
+                storage.delete(key)
+                deleted.append(key)
+        batch.clear()
+
+    for item in storage.list(f"{ARTIFACT_ROOT}/"):
+        if item.last_modified < cutoff:
+            batch.append(item.key)
+        if len(batch) >= 500:
+            flush()
+    if batch:
+        flush()
+    close_old_connections()
+    if deleted:
+        logger.info("deleted %d orphaned artifact objects", len(deleted))
+    return deleted

@@ -1,0 +1,123 @@
+"""Artifacts in an S3-compatible bucket: AWS S3, Alibaba OSS, MinIO, Ceph.
+
+OSS speaks S3 through its S3-compatible endpoint and wants virtual-host addressing
+(``MODELYARD_S3_ADDRESSING_STYLE=virtual``). Credentials come from boto3's usual chain.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError
+
+from storage.base import HashingReader, ObjectExists, ObjectNotFound, StorageUnavailable, StoredObject, WriteResult
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3.client import S3Client
+
+_MISSING_CODES = {"404", "NoSuchKey", "NotFound"}
+
+
+def _unavailable(exc: Exception) -> StorageUnavailable:
+    return StorageUnavailable(f"S3 request failed: {exc}")
+
+
+class S3Storage:
+    """Objects live under ``prefix`` in ``bucket``; keys are relative to the prefix."""
+
+    def __init__(
+        self,
+        *,
+        bucket: str,
+        prefix: str = "",
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        addressing_style: str = "auto",
+        max_attempts: int = 3,
+        connect_timeout: float = 5.0,
+        multipart_chunk_bytes: int = 16 * 1024 * 1024,
+        max_concurrency: int = 4,
+    ) -> None:
+        self.bucket = bucket
+        self.prefix = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+        config = Config(
+            region_name=region,
+            s3={"addressing_style": addressing_style},
+            retries={"max_attempts": max_attempts, "mode": "standard"},
+            connect_timeout=connect_timeout,
+            read_timeout=60,
+            max_pool_connections=max(10, max_concurrency * 2),
+        )
+        self.client: S3Client = boto3.session.Session().client("s3", endpoint_url=endpoint_url, config=config)
+        self.transfer_config = TransferConfig(
+            multipart_threshold=multipart_chunk_bytes,
+            multipart_chunksize=multipart_chunk_bytes,
+            max_concurrency=max_concurrency,
+            # Bounds how many chunks of a non-seekable stream wait in memory for an upload thread.
+            max_io_queue=max_concurrency,
+            use_threads=True,
+        )
+        self.endpoint_url = endpoint_url
+
+    def _full(self, key: str) -> str:
+        if not key or key.startswith("/") or ".." in key.split("/"):
+            raise ValueError(f"invalid storage key {key!r}")
+        return self.prefix + key
+
+    def write(self, key: str, stream: BinaryIO) -> WriteResult:
+        if self.exists(key):
+            raise ObjectExists(key)
+        reader = HashingReader(stream)
+        try:
+            # A reader without seek() makes boto3 read the stream once, in order, part by part.
+            self.client.upload_fileobj(cast(Any, reader), self.bucket, self._full(key), Config=self.transfer_config)
+        except (BotoCoreError, ClientError) as exc:
+            raise _unavailable(exc) from exc
+        return WriteResult(key=key, sha256=reader.sha256, size=reader.size)
+
+    def open(self, key: str) -> BinaryIO:
+        try:
+            response = self.client.get_object(Bucket=self.bucket, Key=self._full(key))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in _MISSING_CODES:
+                raise ObjectNotFound(key) from exc
+            raise _unavailable(exc) from exc
+        except BotoCoreError as exc:
+            raise _unavailable(exc) from exc
+        return cast(BinaryIO, response["Body"])
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.client.head_object(Bucket=self.bucket, Key=self._full(key))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in _MISSING_CODES:
+                return False
+            raise _unavailable(exc) from exc
+        except BotoCoreError as exc:
+            raise _unavailable(exc) from exc
+        return True
+
+    def delete(self, key: str) -> None:
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=self._full(key))
+        except (BotoCoreError, ClientError) as exc:
+            raise _unavailable(exc) from exc
+
+    def list(self, prefix: str = "") -> Iterator[StoredObject]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self.prefix + prefix):
+                for item in page.get("Contents", []):
+                    yield StoredObject(
+                        key=item["Key"][len(self.prefix) :], size=item["Size"], last_modified=item["LastModified"]
+                    )
+        except (BotoCoreError, ClientError) as exc:
+            raise _unavailable(exc) from exc
+
+    def describe(self) -> str:
+        where = f" at {self.endpoint_url}" if self.endpoint_url else ""
+        return f"s3://{self.bucket}/{self.prefix}{where}"
