@@ -58,7 +58,10 @@ def audit_record(
     """Append one event; must run inside the transaction that makes the change."""
     if not transaction.get_connection().in_atomic_block:
         raise RuntimeError("audit_record() must run inside the transaction of the change it records")
-    head = AuditChainHead.objects.select_for_update().get(pk=1)
+    head = AuditChainHead.objects.select_for_update().filter(pk=1).first()
+    if head is None:  # the migration creates it; this covers a truncated table
+        AuditChainHead.objects.bulk_create([AuditChainHead(pk=1)], ignore_conflicts=True)
+        head = AuditChainHead.objects.select_for_update().get(pk=1)
     event = AuditEvent(
         seq=head.last_seq + 1,
         at=timezone.now(),

@@ -89,6 +89,9 @@ class StoredUpload(UploadedFile):
         self.sha256 = write.sha256
         self.sniff = sniff
 
+    def close(self) -> None:
+        """Nothing to close: the bytes are already in storage."""
+
 
 class _Writer(threading.Thread):
     def __init__(self, key: str, pipe: ChunkPipe) -> None:

@@ -1,0 +1,87 @@
+"""Tiny ONNX models built with onnx.helper for the tests (IR version 10 unless a test says otherwise)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+IR = 10
+OPSET = 17
+
+
+def _model(graph: onnx.GraphProto, *, ir_version: int = IR, opset: int = OPSET, **kwargs: object) -> onnx.ModelProto:
+    opsets = [helper.make_opsetid("", opset)]
+    return helper.make_model(
+        graph, ir_version=ir_version, opset_imports=opsets, producer_name="modelyard-tests", **kwargs
+    )
+
+
+def add_model(*, ir_version: int = IR, opset: int = OPSET, bias: float = 1.0) -> onnx.ModelProto:
+    """y = x + bias, with x of shape [N, 4] (N dynamic)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    b = numpy_helper.from_array(np.full([4], bias, dtype=np.float32), "b")
+    graph = helper.make_graph([helper.make_node("Add", ["x", "b"], ["y"])], "add", [x], [y], [b])
+    return _model(graph, ir_version=ir_version, opset=opset)
+
+
+def add_model_bytes(**kwargs: object) -> bytes:
+    return add_model(**kwargs).SerializeToString()  # type: ignore[arg-type]
+
+
+def multi_io_model() -> onnx.ModelProto:
+    """Two inputs of different types and two outputs: s = a + 1 (int64 [2, 3]), t = Cast(b) (bool [-1])."""
+    a = helper.make_tensor_value_info("a", TensorProto.INT64, [2, 3])
+    b = helper.make_tensor_value_info("b", TensorProto.BOOL, ["n"])
+    s = helper.make_tensor_value_info("s", TensorProto.INT64, [2, 3])
+    t = helper.make_tensor_value_info("t", TensorProto.FLOAT, ["n"])
+    one = numpy_helper.from_array(np.array(1, dtype=np.int64), "one")
+    nodes = [
+        helper.make_node("Add", ["a", "one"], ["s"]),
+        helper.make_node("Cast", ["b"], ["t"], to=TensorProto.FLOAT),
+    ]
+    return _model(helper.make_graph(nodes, "multi", [a, b], [s, t], [one]))
+
+
+def unknown_op_model(domain: str = "") -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    graph = helper.make_graph([helper.make_node("FrobnicateTensor", ["x"], ["y"], domain=domain)], "g", [x], [y])
+    model = _model(graph)
+    if domain:
+        model.opset_import.append(helper.make_opsetid(domain, 1))
+    return model
+
+
+def external_data_model(folder: Path, *, location: str = "weights.bin", size: int = 4) -> Path:
+    """y = x + w where w (float32 [size]) lives in an external-data file; returns the .onnx path.
+
+    The location is written verbatim into the model, which lets tests point it anywhere.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = np.arange(size, dtype=np.float32)
+    (folder / "weights.bin").write_bytes(weights.tobytes())
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [size])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [size])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [size], vals=[])
+    w.ClearField("float_data")
+    w.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", str(weights.nbytes))):
+        entry = w.external_data.add()
+        entry.key, entry.value = key, value
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "ext", [x], [y], [w])
+    path = folder / "model.onnx"
+    path.write_bytes(_model(graph).SerializeToString())
+    return path
+
+
+def unrunnable_model() -> onnx.ModelProto:
+    """Passes onnx.checker, but ONNX Runtime fails when it runs: Reshape to a size that does not fit."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    shape = numpy_helper.from_array(np.array([4, 4], dtype=np.int64), "shape")
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "bad", [x], [y], [shape])
+    return _model(graph)
