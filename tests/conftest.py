@@ -14,6 +14,8 @@ from registry.audit import SYSTEM
 from registry.models import Role
 from storage import get_storage
 
+pytest_plugins = ["tests.s3fixtures"]
+
 
 @dataclass
 class Person:

@@ -66,8 +66,7 @@ def external_data_model(folder: Path, *, location: str = "weights.bin", size: in
     (folder / "weights.bin").write_bytes(weights.tobytes())
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [size])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [size])
-    w = helper.make_tensor("w", TensorProto.FLOAT, [size], vals=[])
-    w.ClearField("float_data")
+    w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[size])
     w.data_location = TensorProto.EXTERNAL
     for key, value in (("location", location), ("offset", "0"), ("length", str(weights.nbytes))):
         entry = w.external_data.add()
@@ -79,9 +78,12 @@ def external_data_model(folder: Path, *, location: str = "weights.bin", size: in
 
 
 def unrunnable_model() -> onnx.ModelProto:
-    """Passes onnx.checker, but ONNX Runtime fails when it runs: Reshape to a size that does not fit."""
+    """Passes onnx.checker and shape inference, but fails when ONNX Runtime runs it.
+
+    The target shape is an input; validation feeds ones, and [1, 1] cannot hold the 6 values of x.
+    """
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    shape = numpy_helper.from_array(np.array([4, 4], dtype=np.int64), "shape")
-    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "bad", [x], [y], [shape])
+    shape = helper.make_tensor_value_info("shape", TensorProto.INT64, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"])
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "bad", [x, shape], [y])
     return _model(graph)

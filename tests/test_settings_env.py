@@ -1,0 +1,65 @@
+"""Configuration from the environment: defaults, URL parsing, and errors that name the variable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from modelyard.env import StorageConfig, database_from_url, env_bool, env_int, storage_from_url
+
+
+def test_postgres_url():
+    db = database_from_url("X", "postgres://u:p%40ss@db.example:6543/reg?sslmode=require")
+    assert db["ENGINE"] == "django.db.backends.postgresql"
+    assert (db["NAME"], db["USER"], db["PASSWORD"], db["HOST"], db["PORT"]) == ("reg", "u", "p@ss", "db.example", "6543")
+    assert db["OPTIONS"] == {"sslmode": "require"}
+
+
+def test_sqlite_url():
+    assert database_from_url("X", "sqlite:////var/lib/m.db")["NAME"] == "/var/lib/m.db"
+
+
+@pytest.mark.parametrize("url", ["mysql://x/y", "postgres://host", "sqlite://"])
+def test_bad_database_url_names_the_variable(url):
+    with pytest.raises(ImproperlyConfigured, match="^MODELYARD_DATABASE_URL: "):
+        database_from_url("MODELYARD_DATABASE_URL", url)
+
+
+def test_storage_urls():
+    assert storage_from_url("X", "file:///srv/a") == StorageConfig(kind="file", path="/srv/a")
+    assert storage_from_url("X", "s3://bkt/some/prefix/") == StorageConfig(kind="s3", bucket="bkt", prefix="some/prefix")
+    with pytest.raises(ImproperlyConfigured, match="^MODELYARD_STORAGE_URL: "):
+        storage_from_url("MODELYARD_STORAGE_URL", "gs://x")
+
+
+def test_bool_and_int(monkeypatch):
+    monkeypatch.setenv("FLAG", "maybe")
+    with pytest.raises(ImproperlyConfigured, match="^FLAG: expected true or false"):
+        env_bool("FLAG", False)
+    monkeypatch.setenv("NUM", "12x")
+    with pytest.raises(ImproperlyConfigured, match="^NUM: expected an integer"):
+        env_int("NUM", 1)
+
+
+def test_bad_value_fails_at_startup_naming_the_variable(tmp_path):
+    env = {**os.environ, "MODELYARD_DATA_DIR": str(tmp_path), "MODELYARD_MAX_UPLOAD_BYTES": "lots"}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "modelyard.cli", "manage", "check"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert "MODELYARD_MAX_UPLOAD_BYTES: expected an integer, got 'lots'" in result.stderr
+
+
+def test_embedded_default_generates_secret_once(tmp_path):
+    env = {"MODELYARD_DATA_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    code = "from django.conf import settings; import django; django.setup(); print(settings.SECRET_KEY)"
+    run = [sys.executable, "-c", f"import os; os.environ['DJANGO_SETTINGS_MODULE']='modelyard.settings'; {code}"]
+    first = subprocess.run(run, env=env, capture_output=True, text=True, check=True, timeout=120).stdout
+    second = subprocess.run(run, env=env, capture_output=True, text=True, check=True, timeout=120).stdout
+    assert first == second and len(first.strip()) >= 50
+    assert (tmp_path / "secret_key").stat().st_mode & 0o777 == 0o600
