@@ -7,7 +7,7 @@ from rest_framework.exceptions import APIException
 
 
 class ApiError(APIException):
-    status_code = status.HTTP_400_BAD_REQUEST
+    status_code: int = status.HTTP_400_BAD_REQUEST
     default_detail = "bad request"
 
     def __init__(self, message: str, detail: object = None) -> None:

@@ -274,7 +274,9 @@ def token_create(
             user.groups.add(group)
             added.append(role)
     if added:
-        audit_record(actor=actor, action="user.roles.grant", target_type="user", target=username, after={"roles": added})
+        audit_record(
+            actor=actor, action="user.roles.grant", target_type="user", target=username, after={"roles": added}
+        )
     prefix = secrets.token_hex(6)
     raw = f"my_{prefix}_{secrets.token_urlsafe(32)}"
     token = ApiToken.objects.create(user=user, name=name, prefix=prefix, key_hash=ApiToken.hash_key(raw))

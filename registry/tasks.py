@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 from celery import shared_task
 from django.conf import settings
@@ -18,7 +19,7 @@ MAX_VALIDATION_ATTEMPTS = 5
 
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, bind=True, max_retries=MAX_VALIDATION_ATTEMPTS)
-def validate_version(self, version_id: int) -> str:  # type: ignore[no-untyped-def]
+def validate_version(self: Any, version_id: int) -> str:
     if not services.version_claim_for_validation(version_id=version_id):
         return "skipped"
     version = ModelVersion.objects.select_related("model").get(pk=version_id)

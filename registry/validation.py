@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto, helper
 
 # Open Inference Protocol datatype names for ONNX tensor element types.
-ONNX_TO_PROTOCOL = {
+ONNX_TO_PROTOCOL: dict[int, str] = {
     TensorProto.BOOL: "BOOL",
     TensorProto.UINT8: "UINT8",
     TensorProto.UINT16: "UINT16",

@@ -43,7 +43,7 @@ def get_storage() -> ArtifactStorage:
         prefix=config.prefix,
         endpoint_url=settings.S3_ENDPOINT_URL,
         region=settings.S3_REGION,
-        addressing_style=settings.S3_ADDRESSING_STYLE,
+        addressing_style=settings.S3_ADDRESSING_STYLE or "auto",
         max_attempts=settings.S3_MAX_ATTEMPTS,
         connect_timeout=settings.S3_CONNECT_TIMEOUT,
         multipart_chunk_bytes=settings.S3_MULTIPART_CHUNK_MB * 1024 * 1024,

@@ -46,7 +46,7 @@ class S3Storage:
         self.prefix = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
         config = Config(
             region_name=region,
-            s3={"addressing_style": addressing_style},
+            s3={"addressing_style": addressing_style},  # type: ignore[arg-type]
             retries={"max_attempts": max_attempts, "mode": "standard"},
             connect_timeout=connect_timeout,
             read_timeout=60,

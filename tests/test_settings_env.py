@@ -15,7 +15,13 @@ from modelyard.env import StorageConfig, database_from_url, env_bool, env_int, s
 def test_postgres_url():
     db = database_from_url("X", "postgres://u:p%40ss@db.example:6543/reg?sslmode=require")
     assert db["ENGINE"] == "django.db.backends.postgresql"
-    assert (db["NAME"], db["USER"], db["PASSWORD"], db["HOST"], db["PORT"]) == ("reg", "u", "p@ss", "db.example", "6543")
+    assert (db["NAME"], db["USER"], db["PASSWORD"], db["HOST"], db["PORT"]) == (
+        "reg",
+        "u",
+        "p@ss",
+        "db.example",
+        "6543",
+    )
     assert db["OPTIONS"] == {"sslmode": "require"}
 
 
@@ -25,23 +31,25 @@ def test_sqlite_url():
 
 @pytest.mark.parametrize("url", ["mysql://x/y", "postgres://host", "sqlite://"])
 def test_bad_database_url_names_the_variable(url):
-    with pytest.raises(ImproperlyConfigured, match="^MODELYARD_DATABASE_URL: "):
+    with pytest.raises(ImproperlyConfigured, match=r"^MODELYARD_DATABASE_URL: "):
         database_from_url("MODELYARD_DATABASE_URL", url)
 
 
 def test_storage_urls():
     assert storage_from_url("X", "file:///srv/a") == StorageConfig(kind="file", path="/srv/a")
-    assert storage_from_url("X", "s3://bkt/some/prefix/") == StorageConfig(kind="s3", bucket="bkt", prefix="some/prefix")
-    with pytest.raises(ImproperlyConfigured, match="^MODELYARD_STORAGE_URL: "):
+    assert storage_from_url("X", "s3://bkt/some/prefix/") == StorageConfig(
+        kind="s3", bucket="bkt", prefix="some/prefix"
+    )
+    with pytest.raises(ImproperlyConfigured, match=r"^MODELYARD_STORAGE_URL: "):
         storage_from_url("MODELYARD_STORAGE_URL", "gs://x")
 
 
 def test_bool_and_int(monkeypatch):
     monkeypatch.setenv("FLAG", "maybe")
-    with pytest.raises(ImproperlyConfigured, match="^FLAG: expected true or false"):
+    with pytest.raises(ImproperlyConfigured, match=r"^FLAG: expected true or false"):
         env_bool("FLAG", False)
     monkeypatch.setenv("NUM", "12x")
-    with pytest.raises(ImproperlyConfigured, match="^NUM: expected an integer"):
+    with pytest.raises(ImproperlyConfigured, match=r"^NUM: expected an integer"):
         env_int("NUM", 1)
 
 

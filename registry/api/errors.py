@@ -12,7 +12,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from registry.errors import ApiError
 from storage import StorageError
 
-_MESSAGES = {
+_MESSAGES: dict[type[Exception], str] = {
     exceptions.NotAuthenticated: "authentication required: send 'Authorization: Bearer <token>'",
     exceptions.AuthenticationFailed: "invalid or revoked API token",
 }

@@ -112,7 +112,7 @@ class VersionListUpload(generics.ListAPIView[ModelVersion]):
         return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED)
 
     def _create_version(self, request: Request, model: RegisteredModel) -> ModelVersion:
-        uploads: list[StoredUpload] = request.FILES.getlist("file")  # type: ignore[assignment]
+        uploads: list[StoredUpload] = request.FILES.getlist("file")
         if not uploads:
             raise UploadRejected("no files: send the .onnx model as a multipart 'file' part")
         first = uploads[0]
