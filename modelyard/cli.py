@@ -24,6 +24,10 @@ def serve(args: argparse.Namespace) -> int:
         call_command("migrate", interactive=False, verbosity=0)
     import uvicorn
 
+    if settings.BROKER_URL is None:
+        from modelyard.embedded import EmbeddedScheduler
+
+        EmbeddedScheduler().start()
     print(f"Modelyard ({args.role}) on http://{args.host}:{args.port}/  (API docs: /api/docs/)", flush=True)
     uvicorn.run(
         "modelyard.asgi:application",

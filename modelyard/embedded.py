@@ -1,0 +1,55 @@
+"""Periodic jobs for the embedded default, where there is no broker and no Celery beat.
+
+``modelyard serve`` starts this thread when MODELYARD_BROKER_URL is unset, so a laptop install
+still sweeps stuck validations and collects orphaned artifacts on the beat schedule.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from django.conf import settings
+from django.db import close_old_connections, connection
+
+logger = logging.getLogger(__name__)
+
+
+class EmbeddedScheduler(threading.Thread):
+    """Runs each CELERY_BEAT_SCHEDULE entry in-process at its interval."""
+
+    def __init__(self) -> None:
+        super().__init__(name="modelyard-embedded-beat", daemon=True)
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        from modelyard.celery import app
+
+        app.loader.import_default_modules()  # registers the autodiscovered tasks
+        entries = {
+            name: (entry["task"], float(entry["schedule"])) for name, entry in settings.CELERY_BEAT_SCHEDULE.items()
+        }
+        next_run = {name: time.monotonic() + interval for name, (_, interval) in entries.items()}
+        try:
+            self._loop(app, entries, next_run)
+        finally:
+            connection.close()
+
+    def _loop(self, app: Any, entries: dict[str, tuple[str, float]], next_run: dict[str, float]) -> None:
+        while not self._stop_event.wait(1.0):
+            now = time.monotonic()
+            for name, (task_name, interval) in entries.items():
+                if now < next_run[name]:
+                    continue
+                next_run[name] = now + interval
+                try:
+                    app.tasks[task_name].apply()
+                except Exception:  # a failed run must not stop the schedule
+                    logger.exception("embedded periodic job %s failed", name)
+                finally:
+                    close_old_connections()
+
+    def stop(self) -> None:
+        self._stop_event.set()
