@@ -185,7 +185,8 @@ class ArtifactUploadHandler(FileUploadHandler):
         self._writer.join(timeout=30)
         error = self._writer.error
         if isinstance(error, StorageUnavailable):
-            raise StorageDown(str(error)) from error
+            # The same wording as any other StorageError that reaches the API (registry/api/errors.py).
+            raise StorageDown(f"artifact storage is unavailable: {error}") from error
         if isinstance(error, StorageError):
             raise StorageDown(f"artifact storage refused the write: {error}") from error
         raise StorageDown(f"artifact storage failed: {error}") from error

@@ -1,0 +1,146 @@
+"""Uploads against S3 (moto over HTTP): stored keys and bytes, storage outages, orphan collection."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import re
+import uuid
+
+import pytest
+
+from registry.models import ModelFile, ModelVersion, RegisteredModel
+from registry.tasks import collect_orphaned_artifacts
+from storage import get_storage
+from tests.onnx_models import add_model_bytes, external_data_model
+from tests.s3fixtures import bucket_objects, closed_port_url
+
+pytestmark = pytest.mark.django_db
+
+UPLOAD_KEY = re.compile(r"^pfx/artifacts/demo/([0-9a-f]{32})/(model\.onnx|weights\.bin|tokenizer\.json)$")
+
+
+def test_upload_to_s3_stores_exact_bytes_under_the_prefix_and_ends_ready(
+    owner, registered, s3_settings, s3_client, s3_bucket, tmp_path
+):
+    model_path = external_data_model(tmp_path / "bundle", size=1000)
+    model = model_path.read_bytes()
+    weights = (tmp_path / "bundle" / "weights.bin").read_bytes()
+    tokenizer = b'{"vocab": ["a", "b"]}'
+
+    response = owner.upload(
+        registered, [("model.onnx", model), ("weights.bin", weights), ("tokenizer.json", tokenizer)]
+    )
+
+    assert response.status_code == 201, response.content
+    body = owner.get(f"/api/v1/models/{registered}/versions/1").json()
+    assert body["status"] == "ready", body["errors"]
+    assert body["sha256"] == hashlib.sha256(model).hexdigest()
+    assert body["size_bytes"] == len(model) + len(weights) + len(tokenizer)
+    assert [(f["name"], f["role"]) for f in body["files"]] == [
+        ("model.onnx", "model"),
+        ("weights.bin", "external_data"),
+        ("tokenizer.json", "extra"),
+    ]
+
+    objects = bucket_objects(s3_client, s3_bucket)
+    matches = [UPLOAD_KEY.match(key) for key in objects]
+    assert all(matches), sorted(objects)
+    upload_ids = {m.group(1) for m in matches if m}
+    assert len(upload_ids) == 1
+    prefix = f"pfx/artifacts/demo/{upload_ids.pop()}"
+    assert objects == {
+        f"{prefix}/model.onnx": model,
+        f"{prefix}/weights.bin": weights,
+        f"{prefix}/tokenizer.json": tokenizer,
+    }
+    stored = {f.name: (f.storage_key, f.sha256, f.size_bytes) for f in ModelFile.objects.all()}
+    key_root = prefix.removeprefix("pfx/")
+    assert stored == {
+        "model.onnx": (f"{key_root}/model.onnx", hashlib.sha256(model).hexdigest(), len(model)),
+        "weights.bin": (f"{key_root}/weights.bin", hashlib.sha256(weights).hexdigest(), len(weights)),
+        "tokenizer.json": (f"{key_root}/tokenizer.json", hashlib.sha256(tokenizer).hexdigest(), len(tokenizer)),
+    }
+
+    download = owner.get(f"/api/v1/models/{registered}/versions/1/download")
+    assert download.status_code == 200
+    assert b"".join(download.streaming_content) == model
+    assert download["Content-Length"] == str(len(model))
+    assert download["X-Content-SHA256"] == hashlib.sha256(model).hexdigest()
+
+
+def test_upload_while_s3_is_unreachable_is_503_and_leaves_no_version(owner, registered, s3_settings):
+    s3_settings.S3_ENDPOINT_URL = closed_port_url()
+    s3_settings.S3_MAX_ATTEMPTS = 1
+    s3_settings.S3_CONNECT_TIMEOUT = 0.5
+    get_storage.cache_clear()
+
+    response = owner.upload(registered, [("model.onnx", add_model_bytes()), ("tokenizer.json", b"{}")])
+
+    assert response.status_code == 503, response.content
+    body = response.json()
+    assert body["error"].startswith(
+        "artifact storage is unavailable: S3 request failed: Could not connect to the endpoint URL"
+    ), body
+    assert body["detail"] is None
+    assert ModelVersion.objects.count() == 0
+    assert ModelFile.objects.count() == 0
+    assert RegisteredModel.objects.get(name=registered).last_version == 0
+    assert owner.get(f"/api/v1/models/{registered}/versions").json()["results"] == []
+
+
+def test_download_while_s3_is_unreachable_is_503(owner, registered, s3_settings):
+    assert owner.upload(registered, [("model.onnx", add_model_bytes())]).status_code == 201
+    s3_settings.S3_ENDPOINT_URL = closed_port_url()
+    s3_settings.S3_MAX_ATTEMPTS = 1
+    s3_settings.S3_CONNECT_TIMEOUT = 0.5
+    get_storage.cache_clear()
+
+    response = owner.get(f"/api/v1/models/{registered}/versions/1/download")
+
+    assert response.status_code == 503
+    assert response.json()["error"].startswith(
+        "artifact storage is unavailable: S3 request failed: Could not connect to the endpoint URL"
+    )
+
+
+def _orphan_and_upload(owner, registered):
+    """One real upload plus an object that no version references (a crash before the DB commit)."""
+    orphan_key = f"artifacts/demo/{uuid.uuid4().hex}/model.onnx"
+    get_storage().write(orphan_key, io.BytesIO(add_model_bytes(bias=9.0)))
+    response = owner.upload(registered, [("model.onnx", add_model_bytes()), ("tokenizer.json", b"{}")])
+    assert response.status_code == 201, response.content
+    referenced = set(ModelFile.objects.values_list("storage_key", flat=True))
+    assert len(referenced) == 2
+    return orphan_key, referenced
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_storage(request):
+    if request.param == "s3":
+        request.getfixturevalue("s3_settings")
+    return request.param
+
+
+# The task calls close_old_connections(), as a Celery task should; that would close the connection of a
+# test wrapped in a transaction, so these tests run in autocommit mode like a worker does.
+@pytest.mark.django_db(transaction=True)
+def test_orphans_are_collected_and_referenced_objects_kept(owner, registered, any_storage):
+    orphan_key, referenced = _orphan_and_upload(owner, registered)
+
+    deleted = collect_orphaned_artifacts(grace_seconds=0)
+
+    assert deleted == [orphan_key]
+    assert {item.key for item in get_storage().list("")} == referenced
+    assert not get_storage().exists(orphan_key)
+    download = owner.get(f"/api/v1/models/{registered}/versions/1/download")
+    assert b"".join(download.streaming_content) == add_model_bytes()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_orphans_younger_than_the_grace_period_are_kept(owner, registered, any_storage):
+    orphan_key, referenced = _orphan_and_upload(owner, registered)
+
+    assert collect_orphaned_artifacts(grace_seconds=3600) == []
+
+    assert {item.key for item in get_storage().list("")} == referenced | {orphan_key}
