@@ -66,7 +66,7 @@ def audit_record(
         seq=head.last_seq + 1,
         at=timezone.now(),
         actor=actor.name,
-        actor_user=actor.user,
+        actor_id=actor.user.pk if actor.user is not None else None,
         token_id=actor.token_id,
         action=action,
         target_type=target_type,

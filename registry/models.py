@@ -138,7 +138,8 @@ class AuditEvent(models.Model):
     seq = models.PositiveBigIntegerField(unique=True)
     at = models.DateTimeField()
     actor = models.CharField(max_length=150)
-    actor_user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    # A plain id, not a foreign key: deleting a user must never touch (UPDATE) the append-only log.
+    actor_id = models.BigIntegerField(null=True, blank=True)
     token_id = models.BigIntegerField(null=True, blank=True)
     action = models.CharField(max_length=64)
     target_type = models.CharField(max_length=32)
@@ -164,6 +165,7 @@ class AuditEvent(models.Model):
             "seq": self.seq,
             "at": self.at.isoformat(),
             "actor": self.actor,
+            "actor_id": self.actor_id,
             "token_id": self.token_id,
             "action": self.action,
             "target_type": self.target_type,
