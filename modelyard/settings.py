@@ -134,6 +134,7 @@ GC_GRACE_SECONDS = env_int("MODELYARD_GC_GRACE_SECONDS", 24 * 3600, minimum=0)
 # A validation whose worker stopped heartbeating for this long is taken over by another.
 VALIDATION_HEARTBEAT_SECONDS = env_float("MODELYARD_VALIDATION_HEARTBEAT_SECONDS", 5.0, minimum=0.1)
 VALIDATION_STALE_SECONDS = env_float("MODELYARD_VALIDATION_STALE_SECONDS", 30.0, minimum=0.5)
+PROMOTION_TTL_SECONDS = env_int("MODELYARD_PROMOTION_TTL_SECONDS", 7 * 24 * 3600, minimum=1)
 VALIDATION_WORK_DIR = env_str("MODELYARD_WORK_DIR") or str(DATA_DIR / "work")
 
 # --- Tasks -----------------------------------------------------------------------------------
@@ -147,12 +148,19 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+BROKER_VISIBILITY_TIMEOUT = env_int("MODELYARD_BROKER_VISIBILITY_TIMEOUT", 3600, minimum=1)
 CELERY_BROKER_TRANSPORT_OPTIONS = {
-    # With Redis, a message whose worker died unacknowledged comes back after this long.
-    "visibility_timeout": env_int("MODELYARD_BROKER_VISIBILITY_TIMEOUT", 3600, minimum=1),
+    # With Redis, a message whose worker died unacknowledged comes back after this long...
+    "visibility_timeout": BROKER_VISIBILITY_TIMEOUT,
+    # ...once a live worker looks for it. kombu looks when a worker starts and then only every
+    # interval * throttle seconds (10 * 10 by default), which can add 100 s to a short timeout.
+    # Look a few times per timeout instead, and at least once a minute.
+    "unacked_restore_interval": max(1, min(60, BROKER_VISIBILITY_TIMEOUT // 5)),
+    "unacked_restore_throttle": 1,
 }
 CELERY_BEAT_SCHEDULE = {
     "sweep-stuck-versions": {"task": "registry.tasks.sweep_stuck_versions", "schedule": 60.0},
+    "expire-promotions": {"task": "registry.tasks.expire_promotions", "schedule": 300.0},
     "collect-orphaned-artifacts": {"task": "registry.tasks.collect_orphaned_artifacts", "schedule": 3600.0},
 }
 

@@ -30,3 +30,11 @@ class Conflict(ApiError):
 
 class StorageDown(ApiError):
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+
+
+class Forbidden(ApiError):
+    status_code = status.HTTP_403_FORBIDDEN
+
+
+class NotFound(ApiError):
+    status_code = status.HTTP_404_NOT_FOUND

@@ -191,3 +191,76 @@ class AuditChainHead(models.Model):
 
     def __str__(self) -> str:
         return f"audit head #{self.last_seq}"
+
+
+class Alias(models.Model):
+    """A named pointer (``production``, ``staging``, ...) from a model to one of its versions."""
+
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="aliases")
+    name = models.CharField(max_length=64, validators=[name_validator])
+    version = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    protected = models.BooleanField(default=False)
+    served = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["model_id", "name"]
+        constraints = [models.UniqueConstraint(fields=["model", "name"], name="unique_alias_per_model")]
+
+    def __str__(self) -> str:
+        return f"{self.model.name}@{self.name}"
+
+
+class PromotionState(models.TextChoices):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+class PromotionRequest(models.Model):
+    """A request to point a protected alias at a version, waiting for a second person's decision."""
+
+    alias = models.ForeignKey(Alias, on_delete=models.CASCADE, related_name="promotions")
+    version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="+")
+    # Where the alias pointed when the request was made; approval is refused if it moved since.
+    base_version = models.ForeignKey(ModelVersion, null=True, on_delete=models.CASCADE, related_name="+")
+    state = models.CharField(max_length=16, choices=PromotionState.choices, default=PromotionState.PENDING)
+    reason = models.TextField(blank=True, default="")
+    force = models.BooleanField(default=False)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    requested_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-requested_at", "-id"]
+        indexes = [models.Index(fields=["state", "requested_at"])]
+
+    def __str__(self) -> str:
+        return f"promotion #{self.pk} {self.alias} -> v{self.version.version} ({self.state})"
+
+
+class AliasMove(models.Model):
+    """One append-only entry of an alias's history: from, to, who, when, why, and via which request."""
+
+    alias = models.ForeignKey(Alias, on_delete=models.CASCADE, related_name="moves")
+    from_version = models.ForeignKey(ModelVersion, null=True, on_delete=models.PROTECT, related_name="+")
+    to_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
+    kind = models.CharField(max_length=16)  # set, rollback or approval
+    reason = models.TextField(blank=True, default="")
+    forced = models.BooleanField(default=False)
+    moved_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.PROTECT, related_name="+")
+    moved_at = models.DateTimeField(db_index=True)
+    promotion = models.ForeignKey(PromotionRequest, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+
+    class Meta:
+        ordering = ["moved_at", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.alias}: {self.from_version_id} -> {self.to_version_id}"

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.db.models import Prefetch, QuerySet
 
-from registry.models import ModelFile, ModelVersion, RegisteredModel
+from registry.models import Alias, AliasMove, ModelFile, ModelVersion, PromotionRequest, RegisteredModel
 
 
 def model_list(*, query: str = "", tag: str = "") -> QuerySet[RegisteredModel]:
@@ -36,3 +38,27 @@ def version_list(*, model: RegisteredModel, status: str = "") -> QuerySet[ModelV
     if status:
         versions = versions.filter(status=status)
     return versions.order_by("-version")
+
+
+def alias_list(*, model: RegisteredModel) -> QuerySet[Alias]:
+    return Alias.objects.filter(model=model).select_related("version").order_by("name")
+
+
+def alias_history(*, alias: Alias) -> QuerySet[AliasMove]:
+    return alias.moves.select_related("from_version", "to_version", "moved_by").order_by("moved_at", "id")
+
+
+def alias_move_at(*, alias: Alias, at: datetime) -> AliasMove | None:
+    """The move that set what the alias pointed to at ``at`` (None if it pointed nowhere yet)."""
+    return alias_history(alias=alias).filter(moved_at__lte=at).order_by("-moved_at", "-id").first()
+
+
+def promotion_list(*, state: str = "", model_name: str = "") -> QuerySet[PromotionRequest]:
+    requests = PromotionRequest.objects.select_related(
+        "alias__model", "version", "base_version", "requested_by", "decided_by"
+    )
+    if state:
+        requests = requests.filter(state=state)
+    if model_name:
+        requests = requests.filter(alias__model__name=model_name)
+    return requests.order_by("-requested_at", "-id")

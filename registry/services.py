@@ -27,6 +27,7 @@ from registry.models import (
     Role,
     VersionStatus,
 )
+from registry.promotions import alias_create_defaults
 from registry.validation import ValidationResult
 
 
@@ -50,6 +51,7 @@ def model_create(*, name: str, description: str = "", tags: Sequence[str] = (), 
             )
     except IntegrityError as exc:  # lost a race with a concurrent create of the same name
         raise Conflict(f"a model named '{name}' already exists") from exc
+    alias_create_defaults(model=model)
     audit_record(
         actor=actor,
         action="model.create",

@@ -9,8 +9,8 @@ from typing import Any
 from celery import shared_task
 from django.conf import settings
 
-from registry import services, work
-from registry.models import ModelVersion, VersionStatus
+from registry import promotions, services, work
+from registry.models import ModelVersion
 from storage import StorageUnavailable
 
 logger = logging.getLogger(__name__)
@@ -40,10 +40,13 @@ def sweep_stuck_versions() -> list[int]:
 
 
 @shared_task
+def expire_promotions() -> int:
+    """Mark pending promotion requests past their deadline as expired."""
+    return promotions.promotions_expire()
+
+
+@shared_task
 def collect_orphaned_artifacts(grace_seconds: int | None = None) -> list[str]:
     """Delete stored objects that no version references, once they are older than the grace period."""
     grace = settings.GC_GRACE_SECONDS if grace_seconds is None else grace_seconds
     return work.collect_orphans(grace=timedelta(seconds=grace))
-
-
-__all__ = ["VersionStatus", "collect_orphaned_artifacts", "sweep_stuck_versions", "validate_version"]

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from registry.api import views
+from registry.api import alias_views, views
 
 urlpatterns = [
     path("models", views.ModelListCreate.as_view(), name="model-list"),
@@ -8,4 +8,13 @@ urlpatterns = [
     path("models/<str:name>/versions", views.VersionListUpload.as_view(), name="version-list"),
     path("models/<str:name>/versions/<int:version>", views.VersionDetail.as_view(), name="version-detail"),
     path("models/<str:name>/versions/<int:version>/download", views.VersionDownload.as_view(), name="version-download"),
+    path("models/<str:name>/aliases", alias_views.AliasList.as_view(), name="alias-list"),
+    path("models/<str:name>/aliases/<str:alias>", alias_views.AliasDetail.as_view(), name="alias-detail"),
+    path("models/<str:name>/aliases/<str:alias>/rollback", alias_views.AliasRollback.as_view(), name="alias-rollback"),
+    path("models/<str:name>/aliases/<str:alias>/history", alias_views.AliasHistory.as_view(), name="alias-history"),
+    path("promotions", alias_views.PromotionList.as_view(), name="promotion-list"),
+    path("promotions/<int:pk>", alias_views.PromotionDetail.as_view(), name="promotion-detail"),
+    path("promotions/<int:pk>/approve", alias_views.PromotionApprove.as_view(), name="promotion-approve"),
+    path("promotions/<int:pk>/reject", alias_views.PromotionReject.as_view(), name="promotion-reject"),
+    path("promotions/<int:pk>/cancel", alias_views.PromotionCancel.as_view(), name="promotion-cancel"),
 ]

@@ -1,0 +1,228 @@
+"""Aliases and promotion requests: thin views over registry.promotions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.shortcuts import get_object_or_404
+from django.utils.dateparse import parse_datetime
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import generics, serializers, status
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from registry import promotions, selectors
+from registry.audit import actor_from_request
+from registry.errors import UploadRejected
+from registry.models import Alias, AliasMove, PromotionRequest, PromotionState, RegisteredModel
+
+
+class AliasSerializer(serializers.ModelSerializer[Alias]):
+    alias = serializers.CharField(source="name")
+    version = serializers.IntegerField(source="version.version", default=None)
+
+    class Meta:
+        model = Alias
+        fields = ["alias", "version", "protected", "served", "updated_at"]
+
+
+class PromotionSerializer(serializers.ModelSerializer[PromotionRequest]):
+    model = serializers.CharField(source="alias.model.name")
+    alias = serializers.CharField(source="alias.name")
+    version = serializers.IntegerField(source="version.version")
+    base_version = serializers.IntegerField(source="base_version.version", default=None)
+    requested_by = serializers.CharField(source="requested_by.username")
+    decided_by = serializers.CharField(source="decided_by.username", default=None)
+
+    class Meta:
+        model = PromotionRequest
+        fields = [
+            "id",
+            "model",
+            "alias",
+            "version",
+            "base_version",
+            "state",
+            "reason",
+            "force",
+            "requested_by",
+            "requested_at",
+            "expires_at",
+            "decided_by",
+            "decided_at",
+            "decision_reason",
+        ]
+
+
+class MoveSerializer(serializers.ModelSerializer[AliasMove]):
+    from_version = serializers.IntegerField(source="from_version.version", default=None)
+    to_version = serializers.IntegerField(source="to_version.version")
+    moved_by = serializers.CharField(source="moved_by.username", default=None)
+    promotion = serializers.IntegerField(source="promotion_id", default=None)
+
+    class Meta:
+        model = AliasMove
+        fields = ["from_version", "to_version", "kind", "reason", "forced", "moved_by", "moved_at", "promotion"]
+
+
+class AliasSetInput(serializers.Serializer[Any]):
+    version = serializers.IntegerField(min_value=1)
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+    force = serializers.BooleanField(required=False, default=False)
+
+
+class AliasFlagsInput(serializers.Serializer[Any]):
+    protected = serializers.BooleanField(required=False)
+    served = serializers.BooleanField(required=False)
+
+
+class ReasonInput(serializers.Serializer[Any]):
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+
+
+def _slug(value: str, what: str) -> str:
+    import re
+
+    from registry.models import NAME_PATTERN
+
+    if not re.match(NAME_PATTERN, value):
+        raise UploadRejected(f"invalid {what} '{value}': use lowercase letters, digits, '.', '_' or '-'")
+    return value
+
+
+class AliasList(APIView):
+    @extend_schema(responses=AliasSerializer(many=True))
+    def get(self, request: Request, name: str) -> Response:
+        model = get_object_or_404(RegisteredModel, name=name)
+        return Response(AliasSerializer(selectors.alias_list(model=model), many=True).data)
+
+
+class AliasDetail(APIView):
+    @extend_schema(responses=AliasSerializer)
+    def get(self, request: Request, name: str, alias: str) -> Response:
+        model = get_object_or_404(RegisteredModel, name=name)
+        return Response(AliasSerializer(get_object_or_404(selectors.alias_list(model=model), name=alias)).data)
+
+    @extend_schema(request=AliasSetInput, responses={200: AliasSerializer, 202: PromotionSerializer})
+    def put(self, request: Request, name: str, alias: str) -> Response:
+        model = get_object_or_404(RegisteredModel, name=name)
+        data = AliasSetInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        outcome = promotions.alias_set(
+            model=model,
+            alias_name=_slug(alias, "alias name"),
+            version_number=data.validated_data["version"],
+            reason=data.validated_data["reason"],
+            force=data.validated_data["force"],
+            actor=actor_from_request(request),
+        )
+        if outcome.promotion is not None:
+            return Response(PromotionSerializer(outcome.promotion).data, status=status.HTTP_202_ACCEPTED)
+        outcome.alias.refresh_from_db()
+        return Response(AliasSerializer(outcome.alias).data)
+
+    @extend_schema(request=AliasFlagsInput, responses=AliasSerializer)
+    def patch(self, request: Request, name: str, alias: str) -> Response:
+        model = get_object_or_404(RegisteredModel, name=name)
+        data = AliasFlagsInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        updated = promotions.alias_update_flags(
+            model=model, alias_name=_slug(alias, "alias name"), actor=actor_from_request(request), **data.validated_data
+        )
+        return Response(AliasSerializer(updated).data)
+
+
+class AliasRollback(APIView):
+    # Approvers roll back protected aliases; the service checks the role for each kind of alias.
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(request=ReasonInput, responses=MoveSerializer)
+    def post(self, request: Request, name: str, alias: str) -> Response:
+        model = get_object_or_404(RegisteredModel, name=name)
+        data = ReasonInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        move = promotions.alias_rollback(
+            model=model, alias_name=alias, actor=actor_from_request(request), **data.validated_data
+        )
+        return Response(MoveSerializer(move).data)
+
+
+class AliasHistory(APIView):
+    @extend_schema(
+        parameters=[OpenApiParameter("at", str, description="ISO time: answer which version the alias pointed to")],
+        responses=MoveSerializer(many=True),
+    )
+    def get(self, request: Request, name: str, alias: str) -> Response:
+        model = get_object_or_404(RegisteredModel, name=name)
+        found = get_object_or_404(Alias, model=model, name=alias)
+        at_text = request.query_params.get("at")
+        if at_text is None:
+            return Response(MoveSerializer(selectors.alias_history(alias=found), many=True).data)
+        at = parse_datetime(at_text.replace(" ", "+"))
+        if at is None or at.tzinfo is None:
+            raise UploadRejected(
+                f"'at' must be an ISO 8601 time with a timezone, e.g. 2026-01-31T12:00:00Z; got {at_text!r}"
+            )
+        move = selectors.alias_move_at(alias=found, at=at)
+        return Response(
+            {
+                "alias": found.name,
+                "at": at.isoformat(),
+                "version": move.to_version.version if move else None,
+                "since": move.moved_at.isoformat() if move else None,
+                "move": MoveSerializer(move).data if move else None,
+            }
+        )
+
+
+class PromotionList(generics.ListAPIView[PromotionRequest]):
+    serializer_class = PromotionSerializer
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("state", str, enum=PromotionState.values),
+            OpenApiParameter("model", str),
+        ]
+    )
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        state = request.query_params.get("state", "")
+        if state and state not in PromotionState.values:
+            raise UploadRejected(f"unknown state '{state}'; states are {', '.join(PromotionState.values)}")
+        return super().get(request, *args, **kwargs)
+
+    def get_queryset(self) -> Any:
+        params = self.request.query_params
+        return selectors.promotion_list(state=params.get("state", ""), model_name=params.get("model", ""))
+
+
+class PromotionDetail(APIView):
+    @extend_schema(responses=PromotionSerializer)
+    def get(self, request: Request, pk: int) -> Response:
+        return Response(PromotionSerializer(get_object_or_404(selectors.promotion_list(), pk=pk)).data)
+
+
+class _PromotionDecision(APIView):
+    # Reviewers hold the approver role, not maintainer; the service checks who may decide.
+    permission_classes = [IsAuthenticated]
+    service: Any = None
+
+    @extend_schema(request=ReasonInput, responses=PromotionSerializer)
+    def post(self, request: Request, pk: int) -> Response:
+        data = ReasonInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        type(self).service(promotion_id=pk, actor=actor_from_request(request), **data.validated_data)
+        return Response(PromotionSerializer(selectors.promotion_list().get(pk=pk)).data)
+
+
+class PromotionApprove(_PromotionDecision):
+    service = staticmethod(promotions.promotion_approve)
+
+
+class PromotionReject(_PromotionDecision):
+    service = staticmethod(promotions.promotion_reject)
+
+
+class PromotionCancel(_PromotionDecision):
+    service = staticmethod(promotions.promotion_cancel)

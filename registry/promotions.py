@@ -1,0 +1,322 @@
+"""Aliases, promotion requests and their four-eyes review. Each top-level function owns its transaction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from functools import partial
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from registry import notify
+from registry.audit import SYSTEM, Actor, audit_record
+from registry.auth import has_role
+from registry.errors import Conflict, Forbidden, NotFound, UploadRejected
+from registry.models import (
+    Alias,
+    AliasMove,
+    ModelVersion,
+    PromotionRequest,
+    PromotionState,
+    RegisteredModel,
+    Role,
+    VersionStatus,
+)
+from registry.signatures import signature_diff
+
+PRODUCTION = "production"
+
+
+@dataclass(frozen=True)
+class AliasOutcome:
+    """What a request to set an alias did: moved it, or opened a promotion request."""
+
+    alias: Alias
+    move: AliasMove | None = None
+    promotion: PromotionRequest | None = None
+
+
+def alias_create_defaults(*, model: RegisteredModel) -> None:
+    """Every model starts with a protected, served ``production`` alias (inside the caller's transaction)."""
+    Alias.objects.create(model=model, name=PRODUCTION, protected=True, served=True)
+
+
+def _locked_model(model: RegisteredModel) -> RegisteredModel:
+    return RegisteredModel.objects.select_for_update().get(pk=model.pk)
+
+
+def _version(model: RegisteredModel, number: int) -> ModelVersion:
+    version = ModelVersion.objects.filter(model=model, version=number).first()
+    if version is None:
+        raise NotFound(f"model '{model.name}' has no version {number}")
+    return version
+
+
+def _alias_state(alias: Alias) -> dict[str, Any]:
+    return {"version": alias.version.version if alias.version else None}
+
+
+def _notify_after_commit(alias: Alias) -> None:
+    payload = {
+        "model": alias.model.name,
+        "alias": alias.name,
+        "version": alias.version.version if alias.version else None,
+        "served": alias.served,
+    }
+    transaction.on_commit(partial(notify.publish, payload))
+
+
+def _move(
+    *,
+    alias: Alias,
+    to: ModelVersion,
+    actor: Actor,
+    kind: str,
+    reason: str,
+    forced: bool = False,
+    promotion: PromotionRequest | None = None,
+) -> AliasMove:
+    before = _alias_state(alias)
+    move = AliasMove.objects.create(
+        alias=alias,
+        from_version=alias.version,
+        to_version=to,
+        kind=kind,
+        reason=reason,
+        forced=forced,
+        moved_by=actor.user,
+        moved_at=timezone.now(),
+        promotion=promotion,
+    )
+    alias.version = to
+    alias.save(update_fields=["version", "updated_at"])
+    audit_record(
+        actor=actor,
+        action="alias.rollback" if kind == "rollback" else "alias.set",
+        target_type="alias",
+        target=f"{alias.model.name}@{alias.name}",
+        model_name=alias.model.name,
+        before=before,
+        after={
+            "version": to.version,
+            "reason": reason,
+            "forced": forced,
+            "promotion": promotion.pk if promotion else None,
+        },
+    )
+    _notify_after_commit(alias)
+    return move
+
+
+def _check_signature(alias: Alias, version: ModelVersion, *, force: bool, reason: str) -> bool:
+    """Refuse a breaking signature change unless forced with a reason; returns whether it was forced."""
+    if alias.version is None:
+        return False
+    breaking = signature_diff(alias.version.signature, version.signature)
+    if not breaking:
+        return False
+    if not force:
+        raise Conflict(
+            f"version {version.version} is not compatible with version {alias.version.version} behind "
+            f"'{alias.name}': {'; '.join(breaking)}. Send force=true with a reason to set it anyway.",
+            detail={"breaking": breaking},
+        )
+    if not reason.strip():
+        raise UploadRejected("force=true needs a reason")
+    return True
+
+
+@transaction.atomic(durable=True)
+def alias_set(
+    *, model: RegisteredModel, alias_name: str, version_number: int, actor: Actor, reason: str = "", force: bool = False
+) -> AliasOutcome:
+    """Point an alias at a ready version, or open a promotion request when the alias is protected."""
+    model = _locked_model(model)
+    version = _version(model, version_number)
+    if version.status != VersionStatus.READY:
+        raise Conflict(f"version {version.version} is {version.status}; only a ready version can be set on an alias")
+    alias, _ = Alias.objects.select_for_update(of=("self",)).select_related("version").get_or_create(model=model, name=alias_name)
+    if alias.version_id == version.pk:
+        return AliasOutcome(alias=alias)
+    forced = _check_signature(alias, version, force=force, reason=reason)
+    if alias.protected:
+        duplicate = alias.promotions.filter(state=PromotionState.PENDING, version=version).first()
+        if duplicate is not None:
+            raise Conflict(
+                f"promotion request {duplicate.pk} for version {version.version} on '{alias.name}' is already pending",
+                detail={"promotion": duplicate.pk},
+            )
+        promotion = PromotionRequest.objects.create(
+            alias=alias,
+            version=version,
+            base_version=alias.version,
+            reason=reason,
+            force=forced,
+            requested_by=actor.user,
+            expires_at=timezone.now() + timedelta(seconds=settings.PROMOTION_TTL_SECONDS),
+        )
+        audit_record(
+            actor=actor,
+            action="promotion.request",
+            target_type="promotion",
+            target=str(promotion.pk),
+            model_name=model.name,
+            before=_alias_state(alias),
+            after={"alias": alias.name, "version": version.version, "reason": reason, "forced": forced},
+        )
+        return AliasOutcome(alias=alias, promotion=promotion)
+    move = _move(alias=alias, to=version, actor=actor, kind="set", reason=reason, forced=forced)
+    return AliasOutcome(alias=alias, move=move)
+
+
+@transaction.atomic(durable=True)
+def alias_rollback(*, model: RegisteredModel, alias_name: str, actor: Actor, reason: str = "") -> AliasMove:
+    """Move an alias back to the version it pointed to before its last move."""
+    model = _locked_model(model)
+    alias = Alias.objects.select_for_update(of=("self",)).select_related("version").filter(model=model, name=alias_name).first()
+    if alias is None:
+        raise NotFound(f"model '{model.name}' has no alias '{alias_name}'")
+    if alias.protected and not has_role(actor.user, Role.APPROVER):
+        raise Forbidden(f"rolling back the protected alias '{alias_name}' needs the approver role")
+    if not alias.protected and not has_role(actor.user, Role.MAINTAINER, Role.APPROVER):
+        raise Forbidden(f"rolling back '{alias_name}' needs the maintainer or approver role")
+    last = alias.moves.select_related("from_version").order_by("-moved_at", "-id").first()
+    if last is None or last.from_version is None:
+        raise Conflict(f"alias '{alias_name}' has no earlier version to roll back to")
+    target = last.from_version
+    if target.status != VersionStatus.READY:
+        raise Conflict(f"the previous version {target.version} is {target.status}; it cannot serve again")
+    return _move(alias=alias, to=target, actor=actor, kind="rollback", reason=reason)
+
+
+@transaction.atomic(durable=True)
+def alias_update_flags(
+    *, model: RegisteredModel, alias_name: str, actor: Actor, protected: bool | None = None, served: bool | None = None
+) -> Alias:
+    """Change whether an alias is protected or served (admins only)."""
+    if not has_role(actor.user, Role.ADMIN):
+        raise Forbidden("changing an alias's protected or served flag needs the admin role")
+    model = _locked_model(model)
+    alias, _ = Alias.objects.select_for_update(of=("self",)).select_related("version").get_or_create(model=model, name=alias_name)
+    before = {"protected": alias.protected, "served": alias.served}
+    if protected is not None:
+        alias.protected = protected
+    if served is not None:
+        alias.served = served
+    alias.save(update_fields=["protected", "served", "updated_at"])
+    audit_record(
+        actor=actor,
+        action="alias.flags",
+        target_type="alias",
+        target=f"{model.name}@{alias.name}",
+        model_name=model.name,
+        before=before,
+        after={"protected": alias.protected, "served": alias.served},
+    )
+    _notify_after_commit(alias)
+    return alias
+
+
+def _locked_promotion(promotion_id: int) -> PromotionRequest:
+    promotion = PromotionRequest.objects.select_related("alias__model").filter(pk=promotion_id).first()
+    if promotion is None:
+        raise NotFound(f"there is no promotion request {promotion_id}")
+    _locked_model(promotion.alias.model)  # the same lock order as alias_set: model row first
+    return (
+        PromotionRequest.objects.select_for_update(of=("self",))
+        .select_related("alias__model", "alias__version", "version", "base_version", "requested_by")
+        .get(pk=promotion_id)
+    )
+
+
+def _check_reviewer(promotion: PromotionRequest, actor: Actor, verb: str) -> None:
+    if not has_role(actor.user, Role.APPROVER):
+        raise Forbidden(f"to {verb} a promotion you need the approver role")
+    if actor.user is not None and promotion.requested_by_id == actor.user.pk:
+        raise Forbidden(f"you requested this promotion; another approver must {verb} it")
+    if promotion.state != PromotionState.PENDING:
+        raise Conflict(f"promotion request {promotion.pk} is already {promotion.state}")
+    if promotion.expires_at <= timezone.now():
+        raise Conflict(f"promotion request {promotion.pk} expired at {promotion.expires_at.isoformat()}")
+
+
+_DECISION_ACTIONS = {
+    PromotionState.APPROVED: "promotion.approve",
+    PromotionState.REJECTED: "promotion.reject",
+    PromotionState.CANCELLED: "promotion.cancel",
+    PromotionState.EXPIRED: "promotion.expire",
+}
+
+
+def _decide(promotion: PromotionRequest, state: str, actor: Actor, reason: str) -> None:
+    promotion.state = state
+    promotion.decided_by = actor.user
+    promotion.decided_at = timezone.now()
+    promotion.decision_reason = reason
+    promotion.save(update_fields=["state", "decided_by", "decided_at", "decision_reason"])
+    audit_record(
+        actor=actor,
+        action=_DECISION_ACTIONS[state],
+        target_type="promotion",
+        target=str(promotion.pk),
+        model_name=promotion.alias.model.name,
+        before={"state": PromotionState.PENDING},
+        after={"state": state, "reason": reason},
+    )
+
+
+@transaction.atomic(durable=True)
+def promotion_approve(*, promotion_id: int, actor: Actor, reason: str = "") -> PromotionRequest:
+    """A second person approves: the alias moves in this same transaction."""
+    promotion = _locked_promotion(promotion_id)
+    _check_reviewer(promotion, actor, "approve")
+    version, alias = promotion.version, promotion.alias
+    if version.status != VersionStatus.READY:
+        raise Conflict(f"version {version.version} is no longer ready ({version.status}); it cannot be promoted")
+    if alias.version_id != promotion.base_version_id:
+        was = promotion.base_version.version if promotion.base_version else None
+        now = alias.version.version if alias.version else None
+        raise Conflict(
+            f"alias '{alias.name}' moved from version {was} to {now} since the request was made; request again"
+        )
+    _decide(promotion, PromotionState.APPROVED, actor, reason)
+    _move(alias=alias, to=version, actor=actor, kind="approval", reason=promotion.reason, promotion=promotion)
+    return promotion
+
+
+@transaction.atomic(durable=True)
+def promotion_reject(*, promotion_id: int, actor: Actor, reason: str = "") -> PromotionRequest:
+    promotion = _locked_promotion(promotion_id)
+    _check_reviewer(promotion, actor, "reject")
+    _decide(promotion, PromotionState.REJECTED, actor, reason)
+    return promotion
+
+
+@transaction.atomic(durable=True)
+def promotion_cancel(*, promotion_id: int, actor: Actor, reason: str = "") -> PromotionRequest:
+    """The requester (or an admin) withdraws a pending request."""
+    promotion = _locked_promotion(promotion_id)
+    own = actor.user is not None and promotion.requested_by_id == actor.user.pk
+    if not own and not has_role(actor.user, Role.ADMIN):
+        raise Forbidden("only the requester or an admin can cancel a promotion request")
+    if promotion.state != PromotionState.PENDING:
+        raise Conflict(f"promotion request {promotion.pk} is already {promotion.state}")
+    _decide(promotion, PromotionState.CANCELLED, actor, reason)
+    return promotion
+
+
+def promotions_expire() -> int:
+    """Mark pending requests past their deadline as expired; returns how many."""
+    expired = 0
+    for promotion_id in PromotionRequest.objects.filter(
+        state=PromotionState.PENDING, expires_at__lte=timezone.now()
+    ).values_list("pk", flat=True):
+        with transaction.atomic(durable=True):
+            promotion = _locked_promotion(promotion_id)
+            if promotion.state == PromotionState.PENDING:
+                _decide(promotion, PromotionState.EXPIRED, SYSTEM, "expired")
+                expired += 1
+    return expired

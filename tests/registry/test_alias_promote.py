@@ -1,0 +1,260 @@
+"""Aliases: setting, signature checks, four-eyes promotion, rollback and history."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils import timezone
+
+from registry.models import Alias, AliasMove, AuditEvent, ModelVersion, PromotionRequest, VersionStatus
+from tests.conftest import make_person
+from tests.onnx_models import add_model_bytes, multi_io_model
+
+pytestmark = pytest.mark.django_db
+
+ALIASES = "/api/v1/models/demo/aliases"
+
+
+@pytest.fixture
+def two_versions(owner, registered):
+    for bias in (1.0, 2.0):
+        assert owner.upload(registered, [("m.onnx", add_model_bytes(bias=bias))]).status_code == 201
+    return registered
+
+
+def put(person, alias, **body):
+    return person.client.put(
+        f"{ALIASES}/{alias}", body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {person.token}"
+    )
+
+
+def actions() -> list[str]:
+    return list(AuditEvent.objects.order_by("seq").values_list("action", flat=True))
+
+
+def test_new_model_has_protected_served_production_alias(owner, registered):
+    [alias] = owner.get(ALIASES).json()
+    del alias["updated_at"]
+    assert alias == {"alias": "production", "version": None, "protected": True, "served": True}
+
+
+def test_set_unprotected_alias_moves_it_and_records_history(owner, two_versions):
+    response = put(owner, "staging", version=1, reason="smoke")
+    assert response.status_code == 200, response.content
+    assert response.json()["version"] == 1
+    assert (response.json()["protected"], response.json()["served"]) == (False, False)
+    assert put(owner, "staging", version=2, reason="next").status_code == 200
+    history = owner.get(f"{ALIASES}/staging/history").json()
+    assert [(m["from_version"], m["to_version"], m["kind"], m["reason"], m["moved_by"]) for m in history] == [
+        (None, 1, "set", "smoke", "owner"),
+        (1, 2, "set", "next", "owner"),
+    ]
+    assert actions()[-2:] == ["alias.set", "alias.set"]
+
+
+def test_only_ready_versions_can_be_set(owner, two_versions):
+    ModelVersion.objects.filter(version=2).update(status=VersionStatus.FAILED)
+    response = put(owner, "staging", version=2)
+    assert response.status_code == 409
+    assert response.json()["error"] == "version 2 is failed; only a ready version can be set on an alias"
+    assert not Alias.objects.filter(name="staging").exists()
+
+
+def test_unknown_version_is_404_and_bad_body_is_400(owner, two_versions):
+    assert put(owner, "staging", version=9).status_code == 404
+    response = put(owner, "staging", version="one")
+    assert response.status_code == 400
+    assert response.json()["error"] == "version: A valid integer is required."
+    assert put(owner, "Bad Alias", version=1).status_code == 400
+
+
+def test_viewer_cannot_set_alias(outsider, two_versions):
+    assert put(outsider, "staging", version=1).status_code == 403
+    assert not AliasMove.objects.exists()
+
+
+def test_breaking_signature_is_refused_with_a_diff_unless_forced(owner, two_versions):
+    assert put(owner, "staging", version=1).status_code == 200
+    assert owner.upload(two_versions, [("m.onnx", multi_io_model().SerializeToString())]).status_code == 201
+    response = put(owner, "staging", version=3)
+    assert response.status_code == 409
+    body = response.json()
+    assert body["detail"]["breaking"] == [
+        "input 'x' was removed",
+        "input 'a' is new, and clients do not send it",
+        "input 'b' is new, and clients do not send it",
+        "output 'y' was removed",
+    ]
+    assert body["error"].startswith("version 3 is not compatible with version 1 behind 'staging': input 'x' was removed")
+    assert Alias.objects.get(name="staging").version.version == 1
+
+    no_reason = put(owner, "staging", version=3, force=True)
+    assert no_reason.status_code == 400
+    assert no_reason.json()["error"] == "force=true needs a reason"
+
+    forced = put(owner, "staging", version=3, force=True, reason="new interface, clients updated")
+    assert forced.status_code == 200
+    move = AliasMove.objects.latest("id")
+    assert (move.forced, move.reason) == (True, "new interface, clients updated")
+    assert AuditEvent.objects.filter(action="alias.set").latest("seq").after["forced"] is True
+
+
+def test_four_eyes_requester_cannot_approve_but_approver_can(owner, approver, two_versions):
+    response = put(owner, "production", version=1, reason="launch")
+    assert response.status_code == 202
+    request = response.json()
+    assert (request["model"], request["alias"], request["version"], request["state"], request["requested_by"]) == (
+        "demo",
+        "production",
+        1,
+        "pending",
+        "owner",
+    )
+    assert Alias.objects.get(name="production").version is None
+
+    pending = approver.get("/api/v1/promotions?state=pending").json()
+    assert [p["id"] for p in pending["results"]] == [request["id"]]
+
+    # The requester is refused even when they also hold the approver role.
+    both = make_person("both", "maintainer", "approver")
+    own = put(both, "production", version=2).json()
+    refused = both.post(f"/api/v1/promotions/{own['id']}/approve", {})
+    assert refused.status_code == 403
+    assert refused.json()["error"] == "you requested this promotion; another approver must approve it"
+
+    maintainer_only = owner.post(f"/api/v1/promotions/{request['id']}/approve", {})
+    assert maintainer_only.status_code == 403
+    assert maintainer_only.json()["error"] == "to approve a promotion you need the approver role"
+
+    approved = approver.post(f"/api/v1/promotions/{request['id']}/approve", {"reason": "looks good"})
+    assert approved.status_code == 200, approved.content
+    assert approved.json()["state"] == "approved"
+    assert approved.json()["decided_by"] == "approver"
+    assert Alias.objects.get(name="production").version.version == 1
+    move = AliasMove.objects.get(alias__name="production")
+    assert (move.kind, move.promotion_id, move.moved_by.username) == ("approval", request["id"], "approver")
+    assert "promotion.request" in actions()
+    assert actions()[-2:] == ["promotion.approve", "alias.set"]
+
+
+def test_rejection_leaves_alias_where_it_was(owner, approver, two_versions):
+    request = put(owner, "production", version=1).json()
+    response = approver.post(f"/api/v1/promotions/{request['id']}/reject", {"reason": "not yet"})
+    assert response.status_code == 200
+    assert response.json()["state"] == "rejected"
+    assert Alias.objects.get(name="production").version is None
+    assert actions()[-1] == "promotion.reject"
+    again = approver.post(f"/api/v1/promotions/{request['id']}/approve", {})
+    assert again.status_code == 409
+    assert again.json()["error"] == f"promotion request {request['id']} is already rejected"
+
+
+def test_approval_refused_when_version_no_longer_ready(owner, approver, two_versions):
+    request = put(owner, "production", version=1).json()
+    ModelVersion.objects.filter(version=1).update(status=VersionStatus.FAILED)
+    response = approver.post(f"/api/v1/promotions/{request['id']}/approve", {})
+    assert response.status_code == 409
+    assert response.json()["error"] == "version 1 is no longer ready (failed); it cannot be promoted"
+    assert PromotionRequest.objects.get().state == "pending"
+
+
+def test_approval_refused_when_alias_moved_meanwhile(owner, approver, two_versions):
+    first = put(owner, "production", version=1).json()
+    second = put(owner, "production", version=2).json()
+    assert approver.post(f"/api/v1/promotions/{second['id']}/approve", {}).status_code == 200
+    response = approver.post(f"/api/v1/promotions/{first['id']}/approve", {})
+    assert response.status_code == 409
+    assert response.json()["error"] == (
+        "alias 'production' moved from version None to 2 since the request was made; request again"
+    )
+
+
+def test_expired_request_cannot_be_approved_and_is_marked(owner, approver, two_versions):
+    from registry.promotions import promotions_expire
+
+    request = put(owner, "production", version=1).json()
+    PromotionRequest.objects.filter(pk=request["id"]).update(expires_at=timezone.now())
+    response = approver.post(f"/api/v1/promotions/{request['id']}/approve", {})
+    assert response.status_code == 409
+    assert "expired at" in response.json()["error"]
+    assert promotions_expire() == 1
+    assert PromotionRequest.objects.get().state == "expired"
+    assert actions()[-1] == "promotion.expire"
+
+
+def test_requester_can_cancel_others_cannot(owner, approver, two_versions):
+    request = put(owner, "production", version=1).json()
+    assert approver.post(f"/api/v1/promotions/{request['id']}/cancel", {}).status_code == 403
+    response = owner.post(f"/api/v1/promotions/{request['id']}/cancel", {})
+    assert response.status_code == 200
+    assert response.json()["state"] == "cancelled"
+
+
+def test_duplicate_pending_request_is_409(owner, two_versions):
+    first = put(owner, "production", version=1)
+    assert first.status_code == 202
+    second = put(owner, "production", version=1)
+    assert second.status_code == 409
+    assert second.json()["detail"] == {"promotion": first.json()["id"]}
+
+
+def test_rollback_returns_to_previous_version(owner, approver, two_versions):
+    put(owner, "staging", version=1)
+    put(owner, "staging", version=2)
+    response = owner.post(f"{ALIASES}/staging/rollback", {"reason": "bad latency"})
+    assert response.status_code == 200
+    assert (response.json()["from_version"], response.json()["to_version"], response.json()["kind"]) == (2, 1, "rollback")
+    assert Alias.objects.get(name="staging").version.version == 1
+    assert actions()[-1] == "alias.rollback"
+
+
+def test_rollback_without_history_is_409(owner, two_versions):
+    put(owner, "staging", version=1)
+    response = owner.post(f"{ALIASES}/staging/rollback", {})
+    assert response.status_code == 409
+    assert response.json()["error"] == "alias 'staging' has no earlier version to roll back to"
+    assert owner.post(f"{ALIASES}/nope/rollback", {}).status_code == 404
+
+
+def test_rollback_of_protected_alias_needs_approver(owner, approver, two_versions):
+    for version in (1, 2):
+        request = put(owner, "production", version=version).json()
+        approver.post(f"/api/v1/promotions/{request['id']}/approve", {})
+    refused = owner.post(f"{ALIASES}/production/rollback", {})
+    assert refused.status_code == 403
+    assert Alias.objects.get(name="production").version.version == 2
+    assert approver.post(f"{ALIASES}/production/rollback", {"reason": "incident"}).status_code == 200
+    assert Alias.objects.get(name="production").version.version == 1
+
+
+def test_history_at_answers_what_served_at_time_t(owner, two_versions):
+    put(owner, "staging", version=1)
+    t1 = timezone.now()
+    put(owner, "staging", version=2)
+    t2 = timezone.now()
+    before = AliasMove.objects.order_by("moved_at").first().moved_at
+    url = f"{ALIASES}/staging/history?at="
+    assert owner.get(url + (before.replace(year=2000)).isoformat().replace("+", "%2B")).json()["version"] is None
+    assert owner.get(url + t1.isoformat().replace("+", "%2B")).json()["version"] == 1
+    assert owner.get(url + t2.isoformat().replace("+", "%2B")).json()["version"] == 2
+    bad = owner.get(url + "yesterday")
+    assert bad.status_code == 400
+    assert bad.json()["error"].startswith("'at' must be an ISO 8601 time")
+
+
+def test_admin_sets_flags_others_cannot(owner, two_versions):
+    admin = make_person("root", "admin")
+    assert owner.patch(f"{ALIASES}/staging", {"protected": True}).status_code == 403
+    response = admin.patch(f"{ALIASES}/staging", {"protected": True, "served": True})
+    assert response.status_code == 200
+    assert (response.json()["protected"], response.json()["served"]) == (True, True)
+    assert put(owner, "staging", version=1).status_code == 202
+    assert actions()[-2:] == ["alias.flags", "promotion.request"]
+
+
+def test_promotions_list_filters_and_rejects_unknown_state(owner, approver, two_versions):
+    put(owner, "production", version=1)
+    assert approver.get("/api/v1/promotions?state=approved").json()["count"] == 0
+    assert approver.get("/api/v1/promotions?model=demo").json()["count"] == 1
+    bad = approver.get("/api/v1/promotions?state=weird")
+    assert bad.status_code == 400
+    assert bad.json()["error"].startswith("unknown state 'weird'")
