@@ -84,7 +84,9 @@ def test_breaking_signature_is_refused_with_a_diff_unless_forced(owner, two_vers
         "input 'b' is new, and clients do not send it",
         "output 'y' was removed",
     ]
-    assert body["error"].startswith("version 3 is not compatible with version 1 behind 'staging': input 'x' was removed")
+    assert body["error"].startswith(
+        "version 3 is not compatible with version 1 behind 'staging': input 'x' was removed"
+    )
     assert Alias.objects.get(name="staging").version.version == 1
 
     no_reason = put(owner, "staging", version=3, force=True)
@@ -202,7 +204,11 @@ def test_rollback_returns_to_previous_version(owner, approver, two_versions):
     put(owner, "staging", version=2)
     response = owner.post(f"{ALIASES}/staging/rollback", {"reason": "bad latency"})
     assert response.status_code == 200
-    assert (response.json()["from_version"], response.json()["to_version"], response.json()["kind"]) == (2, 1, "rollback")
+    assert (response.json()["from_version"], response.json()["to_version"], response.json()["kind"]) == (
+        2,
+        1,
+        "rollback",
+    )
     assert Alias.objects.get(name="staging").version.version == 1
     assert actions()[-1] == "alias.rollback"
 
