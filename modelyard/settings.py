@@ -8,6 +8,7 @@ through ``MODELYARD_*`` variables; the README lists them all.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from modelyard.env import (
     database_from_url,
@@ -158,7 +159,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "unacked_restore_interval": max(1, min(60, BROKER_VISIBILITY_TIMEOUT // 5)),
     "unacked_restore_throttle": 1,
 }
-CELERY_BEAT_SCHEDULE = {
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "sweep-stuck-versions": {"task": "registry.tasks.sweep_stuck_versions", "schedule": 60.0},
     "expire-promotions": {"task": "registry.tasks.expire_promotions", "schedule": 300.0},
     "collect-orphaned-artifacts": {"task": "registry.tasks.collect_orphaned_artifacts", "schedule": 3600.0},

@@ -42,7 +42,7 @@ def publish(payload: dict[str, Any]) -> None:
     if backend == "redis":
         import redis
 
-        client = redis.Redis.from_url(settings.BROKER_URL)
+        client = redis.Redis.from_url(settings.BROKER_URL or "")
         try:
             client.publish(CHANNEL, data)
         finally:
@@ -79,7 +79,7 @@ class _RedisListener:
     def __init__(self) -> None:
         import redis
 
-        self._client = redis.Redis.from_url(settings.BROKER_URL)
+        self._client = redis.Redis.from_url(settings.BROKER_URL or "")
         self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
         self._pubsub.subscribe(CHANNEL)
         # Wait for the subscription to be confirmed so nothing published after this is missed.
@@ -88,7 +88,7 @@ class _RedisListener:
             self._pubsub.get_message(timeout=0.1)
 
     def wait(self, timeout: float) -> list[dict[str, Any]]:
-        messages = []
+        messages: list[dict[str, Any]] = []
         deadline = time.monotonic() + timeout
         while True:
             remaining = deadline - time.monotonic()

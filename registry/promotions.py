@@ -243,7 +243,7 @@ def _check_reviewer(promotion: PromotionRequest, actor: Actor, verb: str) -> Non
         raise Conflict(f"promotion request {promotion.pk} expired at {promotion.expires_at.isoformat()}")
 
 
-_DECISION_ACTIONS = {
+_DECISION_ACTIONS: dict[str, str] = {
     PromotionState.APPROVED: "promotion.approve",
     PromotionState.REJECTED: "promotion.reject",
     PromotionState.CANCELLED: "promotion.cancel",
