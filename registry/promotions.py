@@ -48,6 +48,13 @@ def _locked_model(model: RegisteredModel) -> RegisteredModel:
     return RegisteredModel.objects.select_for_update().get(pk=model.pk)
 
 
+def _locked_alias(model: RegisteredModel, name: str, *, create: bool) -> Alias | None:
+    aliases = Alias.objects.select_for_update(of=("self",)).select_related("version")
+    if create:
+        return aliases.get_or_create(model=model, name=name)[0]
+    return aliases.filter(model=model, name=name).first()
+
+
 def _version(model: RegisteredModel, number: int) -> ModelVersion:
     version = ModelVersion.objects.filter(model=model, version=number).first()
     if version is None:
@@ -138,7 +145,8 @@ def alias_set(
     version = _version(model, version_number)
     if version.status != VersionStatus.READY:
         raise Conflict(f"version {version.version} is {version.status}; only a ready version can be set on an alias")
-    alias, _ = Alias.objects.select_for_update(of=("self",)).select_related("version").get_or_create(model=model, name=alias_name)
+    alias = _locked_alias(model, alias_name, create=True)
+    assert alias is not None
     if alias.version_id == version.pk:
         return AliasOutcome(alias=alias)
     forced = _check_signature(alias, version, force=force, reason=reason)
@@ -176,7 +184,7 @@ def alias_set(
 def alias_rollback(*, model: RegisteredModel, alias_name: str, actor: Actor, reason: str = "") -> AliasMove:
     """Move an alias back to the version it pointed to before its last move."""
     model = _locked_model(model)
-    alias = Alias.objects.select_for_update(of=("self",)).select_related("version").filter(model=model, name=alias_name).first()
+    alias = _locked_alias(model, alias_name, create=False)
     if alias is None:
         raise NotFound(f"model '{model.name}' has no alias '{alias_name}'")
     if alias.protected and not has_role(actor.user, Role.APPROVER):
@@ -200,7 +208,8 @@ def alias_update_flags(
     if not has_role(actor.user, Role.ADMIN):
         raise Forbidden("changing an alias's protected or served flag needs the admin role")
     model = _locked_model(model)
-    alias, _ = Alias.objects.select_for_update(of=("self",)).select_related("version").get_or_create(model=model, name=alias_name)
+    alias = _locked_alias(model, alias_name, create=True)
+    assert alias is not None
     before = {"protected": alias.protected, "served": alias.served}
     if protected is not None:
         alias.protected = protected
