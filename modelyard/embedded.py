@@ -29,7 +29,8 @@ class EmbeddedScheduler(threading.Thread):
 
         app.loader.import_default_modules()  # registers the autodiscovered tasks
         entries = {
-            name: (entry["task"], float(entry["schedule"])) for name, entry in settings.CELERY_BEAT_SCHEDULE.items()
+            name: (str(entry["task"]), float(entry["schedule"]))
+            for name, entry in settings.CELERY_BEAT_SCHEDULE.items()
         }
         next_run = {name: time.monotonic() + interval for name, (_, interval) in entries.items()}
         try:
