@@ -87,3 +87,21 @@ def unrunnable_model() -> onnx.ModelProto:
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["a", "b"])
     graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "bad", [x, shape], [y])
     return _model(graph)
+
+
+def slow_model(*, size: int = 1024, layers: int = 300) -> onnx.ModelProto:
+    """Takes seconds to run once: ``layers`` chained MatMuls of a fixed [size, size] input with one shared weight.
+
+    The weight is filled with 1/size, so on the all-ones synthetic input every value stays 1.0 and the time
+    is pure arithmetic: about 4 s for ONNX Runtime on one thread of the 2-core test machine.
+    """
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [size, size])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [size, size])
+    w = numpy_helper.from_array(np.full([size, size], 1.0 / size, dtype=np.float32), "w")
+    nodes = []
+    previous = "x"
+    for index in range(layers):
+        output = "y" if index == layers - 1 else f"h{index}"
+        nodes.append(helper.make_node("MatMul", [previous, "w"], [output]))
+        previous = output
+    return _model(helper.make_graph(nodes, "slow", [x], [y], [w]))
