@@ -123,8 +123,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "worker":
+        # Everything modelyard does not know (--pool solo, -Q ...) goes to Celery as it is.
+        args.celery_args = [*extra, *args.celery_args]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     return int(args.func(args) or 0)
 
 

@@ -33,12 +33,6 @@ BROKER_URL = f"redis://127.0.0.1:6379/{REDIS_DB}"
 VISIBILITY_TIMEOUT = 5  # seconds before Redis hands an unacknowledged message to another worker
 HEARTBEAT_SECONDS = 0.5
 STALE_SECONDS = 3.0
-# What ``modelyard worker --pool solo ...`` runs. The command line itself cannot be used yet: its argparse
-# REMAINDER refuses extra arguments that start with "-" (see test_worker_command_line_passes_options_to_celery).
-RUN_WORKER = (
-    "import argparse, sys; from modelyard import cli; "
-    "sys.exit(cli.worker(argparse.Namespace(log_level='info', celery_args=sys.argv[1:])))"
-)
 ADD_SIGNATURE = {
     "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}],
     "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 4]}],
@@ -99,7 +93,7 @@ class Worker:
     def __init__(self, name: str, env: dict[str, str], log_path: Path) -> None:
         self.name = name
         self.log_path = log_path
-        argv = [sys.executable, "-c", RUN_WORKER, "--pool", "solo", "--concurrency", "1"]
+        argv = [sys.executable, "-m", "modelyard.cli", "worker", "--pool", "solo", "--concurrency", "1"]
         argv += ["--hostname", f"{name}@%h", "--without-gossip", "--without-mingle", "--without-heartbeat"]
         with log_path.open("wb") as log:
             self.process = subprocess.Popen(
@@ -302,13 +296,10 @@ def test_requeue_stuck_picks_lost_validations_only(owner, registered, monkeypatc
         assert len(validate_events(version)) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="modelyard worker: argparse.REMAINDER does not take extra arguments that start with '-'; "
-    "once this passes, start the test workers with the modelyard script instead of RUN_WORKER",
-)
 def test_worker_command_line_passes_options_to_celery():
-    from modelyard.cli import build_parser
+    from modelyard.cli import parse_args
 
-    args = build_parser().parse_args(["worker", "--pool", "solo", "--concurrency", "1"])
+    args = parse_args(["worker", "--pool", "solo", "--concurrency", "1"])
     assert args.celery_args == ["--pool", "solo", "--concurrency", "1"]
+    with pytest.raises(SystemExit):
+        parse_args(["serve", "--pool", "solo"])
