@@ -1,9 +1,57 @@
-"""The ASGI entry point. The inference data plane (``/v2``, ``/metrics``) will be dispatched here
-before Django's handler; for now every path goes to Django."""
+"""The ASGI entry point.
+
+``/v2`` (and later ``/metrics``) go to the bare Starlette data plane before Django's ASGI handler,
+which would cost more per request than the model itself; everything else goes to Django. The
+process role (``MODELYARD_ROLE``: all, web or inference) decides which halves exist, and the
+lifespan events start and stop the inference runtime's reconcile loop.
+"""
+
+from __future__ import annotations
 
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "modelyard.settings")
-application = get_asgi_application()
+django_app = get_asgi_application()
+
+from django.conf import settings  # noqa: E402  (after Django is set up)
+
+runtime: Any = None
+data_plane: Any = None
+if settings.ROLE in ("all", "inference"):
+    from inference.app import build_app
+    from inference.runtime import InferenceRuntime
+
+    runtime = InferenceRuntime()
+    data_plane = build_app(runtime)
+
+
+async def _lifespan(receive: Any, send: Any) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            if runtime is not None:
+                runtime.start()
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            if runtime is not None:
+                runtime.stop()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    if scope["type"] == "lifespan":
+        await _lifespan(receive, send)
+        return
+    path = scope.get("path", "")
+    if data_plane is not None and (path == "/v2" or path.startswith("/v2/")):
+        await data_plane(scope, receive, send)
+    elif settings.ROLE != "inference":
+        await django_app(scope, receive, send)
+    else:
+        body = b'{"error": "this process serves only /v2 (role inference)"}'
+        await send({"type": "http.response.start", "status": 404, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})

@@ -36,7 +36,7 @@ def serve(args: argparse.Namespace) -> int:
         workers=args.workers,
         log_level=args.log_level,
         proxy_headers=True,
-        lifespan="off",
+        lifespan="on",
     )
     return 0
 

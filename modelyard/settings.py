@@ -13,6 +13,7 @@ from typing import Any
 from modelyard.env import (
     database_from_url,
     env_bool,
+    env_choice,
     env_float,
     env_int,
     env_list,
@@ -196,3 +197,18 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env_str("MODELYARD_LOG_LEVEL", "INFO")},
 }
+
+# --- Inference -------------------------------------------------------------------------------
+ROLE = env_choice("MODELYARD_ROLE", "all", ("all", "web", "inference"))
+PROVIDERS = env_list("MODELYARD_PROVIDERS", ["cuda", "cpu"])
+CUDA_DEVICE_ID = env_int("MODELYARD_CUDA_DEVICE_ID", 0, minimum=0)
+ORT_INTRA_OP_THREADS = env_int("MODELYARD_ORT_INTRA_OP_THREADS", 0, minimum=0)
+ORT_INTER_OP_THREADS = env_int("MODELYARD_ORT_INTER_OP_THREADS", 0, minimum=0)
+ORT_GRAPH_OPTIMIZATION = env_choice("MODELYARD_ORT_GRAPH_OPTIMIZATION", "all", ("disable", "basic", "extended", "all"))
+INFERENCE_PUBLIC = env_bool("MODELYARD_INFERENCE_PUBLIC", False)
+RECONCILE_POLL_SECONDS = env_float("MODELYARD_RECONCILE_POLL_SECONDS", 5.0, minimum=0.05)
+FLEET_HEARTBEAT_SECONDS = env_float("MODELYARD_FLEET_HEARTBEAT_SECONDS", 5.0, minimum=0.05)
+CACHE_DIR = Path(env_str("MODELYARD_CACHE_DIR") or DATA_DIR / "cache")
+CACHE_MAX_BYTES = env_int("MODELYARD_CACHE_MAX_BYTES", 20 * 1024**3, minimum=1)
+WORKER_ID = env_str("MODELYARD_WORKER_ID") or ""
+DRAIN_TIMEOUT_SECONDS = env_float("MODELYARD_DRAIN_TIMEOUT_SECONDS", 30.0, minimum=0)

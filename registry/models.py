@@ -32,6 +32,10 @@ class RegisteredModel(models.Model):
     name = models.CharField(max_length=64, unique=True, validators=[name_validator])
     description = models.TextField(blank=True, default="")
     tags = models.JSONField(default=list, blank=True)
+    # How inference processes swap versions: both copies briefly, or unload first (huge models).
+    serving_strategy = models.CharField(
+        max_length=16, choices=[("blue-green", "blue-green"), ("replace", "replace")], default="blue-green"
+    )
     # The last version number handed out; bumped under a row lock so numbers never repeat.
     last_version = models.PositiveIntegerField(default=0)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
@@ -264,3 +268,24 @@ class AliasMove(models.Model):
 
     def __str__(self) -> str:
         return f"{self.alias}: {self.from_version_id} -> {self.to_version_id}"
+
+
+class InferenceWorker(models.Model):
+    """One inference process's last reported state, refreshed by its heartbeat."""
+
+    worker_id = models.CharField(max_length=128, unique=True)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    device = models.CharField(max_length=64)
+    provider = models.CharField(max_length=64)
+    # [{model, version, aliases, state, error, load_seconds, memory_bytes, provider}]
+    loaded = models.JSONField(default=list)
+    errors = models.JSONField(default=list)
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        ordering = ["worker_id"]
+
+    def __str__(self) -> str:
+        return self.worker_id

@@ -14,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry import promotions, selectors
+from registry.api.fleet_views import wait_for_fleet
 from registry.audit import actor_from_request
 from registry.errors import UploadRejected
 from registry.models import Alias, AliasMove, PromotionRequest, PromotionState, RegisteredModel
@@ -92,6 +93,19 @@ def _slug(value: str, what: str) -> str:
     return value
 
 
+def _wait_seconds(request: Request) -> float | None:
+    text = request.query_params.get("wait")
+    if text is None:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1
+    if not 0 <= seconds <= 600:
+        raise UploadRejected(f"'wait' must be a number of seconds between 0 and 600, got {text!r}")
+    return seconds
+
+
 class AliasList(APIView):
     @extend_schema(responses=AliasSerializer(many=True))
     def get(self, request: Request, name: str) -> Response:
@@ -105,11 +119,16 @@ class AliasDetail(APIView):
         model = get_object_or_404(RegisteredModel, name=name)
         return Response(AliasSerializer(get_object_or_404(selectors.alias_list(model=model), name=alias)).data)
 
-    @extend_schema(request=AliasSetInput, responses={200: AliasSerializer, 202: PromotionSerializer})
+    @extend_schema(
+        request=AliasSetInput,
+        parameters=[OpenApiParameter("wait", float, description="seconds to wait until every live worker serves it")],
+        responses={200: AliasSerializer, 202: PromotionSerializer},
+    )
     def put(self, request: Request, name: str, alias: str) -> Response:
         model = get_object_or_404(RegisteredModel, name=name)
         data = AliasSetInput(data=request.data)
         data.is_valid(raise_exception=True)
+        wait = _wait_seconds(request)
         outcome = promotions.alias_set(
             model=model,
             alias_name=_slug(alias, "alias name"),
@@ -121,7 +140,19 @@ class AliasDetail(APIView):
         if outcome.promotion is not None:
             return Response(PromotionSerializer(outcome.promotion).data, status=status.HTTP_202_ACCEPTED)
         outcome.alias.refresh_from_db()
-        return Response(AliasSerializer(outcome.alias).data)
+        body = AliasSerializer(outcome.alias).data
+        if wait is not None and outcome.alias.served:
+            behind = wait_for_fleet(model=name, alias=alias, version=data.validated_data["version"], timeout=wait)
+            if behind:
+                return Response(
+                    {
+                        "error": f"{len(behind)} inference worker(s) did not serve version "
+                        f"{data.validated_data['version']} within {wait:g} s; the alias has moved",
+                        "detail": {"alias": body, "laggards": behind},
+                    },
+                    status=status.HTTP_504_GATEWAY_TIMEOUT,
+                )
+        return Response(body)
 
     @extend_schema(request=AliasFlagsInput, responses=AliasSerializer)
     def patch(self, request: Request, name: str, alias: str) -> Response:

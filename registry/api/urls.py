@@ -1,6 +1,6 @@
-from django.urls import path
+from django.urls import include, path
 
-from registry.api import alias_views, views
+from registry.api import alias_views, fleet_views, views
 
 urlpatterns = [
     path("models", views.ModelListCreate.as_view(), name="model-list"),
@@ -12,9 +12,11 @@ urlpatterns = [
     path("models/<str:name>/aliases/<str:alias>", alias_views.AliasDetail.as_view(), name="alias-detail"),
     path("models/<str:name>/aliases/<str:alias>/rollback", alias_views.AliasRollback.as_view(), name="alias-rollback"),
     path("models/<str:name>/aliases/<str:alias>/history", alias_views.AliasHistory.as_view(), name="alias-history"),
+    path("fleet", fleet_views.FleetList.as_view(), name="fleet"),
     path("promotions", alias_views.PromotionList.as_view(), name="promotion-list"),
     path("promotions/<int:pk>", alias_views.PromotionDetail.as_view(), name="promotion-detail"),
     path("promotions/<int:pk>/approve", alias_views.PromotionApprove.as_view(), name="promotion-approve"),
     path("promotions/<int:pk>/reject", alias_views.PromotionReject.as_view(), name="promotion-reject"),
     path("promotions/<int:pk>/cancel", alias_views.PromotionCancel.as_view(), name="promotion-cancel"),
+    path("", include("registry.api.audit_urls")),
 ]

@@ -1,0 +1,97 @@
+"""A local cache of version bundles keyed by sha256: streamed in, verified before every load, evicted LRU."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from storage import get_storage
+
+logger = logging.getLogger(__name__)
+CHUNK = 1024 * 1024
+
+
+class HashMismatch(Exception):
+    """A file's bytes do not match the sha256 the registry recorded."""
+
+
+@dataclass(frozen=True)
+class CachedFile:
+    name: str
+    storage_key: str
+    sha256: str
+    size_bytes: int
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class ArtifactCache:
+    """Bundles live in ``root/<sha256 of the .onnx>/`` under their upload names."""
+
+    def __init__(self, root: Path, max_bytes: int) -> None:
+        self.root = root
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        root.mkdir(parents=True, exist_ok=True)
+
+    def bundle(self, sha256: str, files: Iterable[CachedFile]) -> Path:
+        """Return the bundle folder with every file present and verified, downloading what is missing."""
+        folder = self.root / sha256
+        folder.mkdir(parents=True, exist_ok=True)
+        for item in files:
+            path = folder / item.name
+            if not path.exists():
+                self._download(item, path)
+            actual = sha256_of(path)
+            if actual != item.sha256:
+                path.unlink(missing_ok=True)  # a corrupt copy is never reused
+                raise HashMismatch(
+                    f"sha256 mismatch for {item.name}: storage holds {actual}, the registry recorded {item.sha256}"
+                )
+        os.utime(folder)  # the bundle's mtime is its last use, for LRU eviction
+        return folder
+
+    def _download(self, item: CachedFile, path: Path) -> None:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.part")
+        try:
+            with get_storage().open(item.storage_key) as source, tmp.open("wb") as out:
+                while chunk := source.read(CHUNK):
+                    out.write(chunk)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def evict(self, *, keep: set[str]) -> list[str]:
+        """Delete least-recently-used bundles until under the size limit; never those in ``keep``."""
+        with self._lock:
+            bundles = []
+            for folder in self.root.iterdir():
+                if folder.is_dir():
+                    size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+                    bundles.append((folder.stat().st_mtime, folder, size))
+            total = sum(size for _, _, size in bundles)
+            removed = []
+            for _, folder, size in sorted(bundles, key=lambda b: b[0]):
+                if total <= self.max_bytes:
+                    break
+                if folder.name in keep:
+                    continue
+                shutil.rmtree(folder, ignore_errors=True)
+                total -= size
+                removed.append(folder.name)
+            if removed:
+                logger.info("evicted %d cached bundles at %s", len(removed), time.strftime("%H:%M:%S"))
+            return removed

@@ -1,0 +1,437 @@
+"""The model runtime of one inference process: loaded sessions, the routing table, and the reconcile loop.
+
+The database holds the desired state (which versions the served aliases point to); this process
+holds the actual state (its loaded sessions). The loop closes the gap: it loads in the background,
+warms up, switches the routing table atomically, drains the old session and releases it. A failed
+load never touches what is serving. The request path reads only the in-memory routing table.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, close_old_connections, connection
+from django.utils import timezone
+
+from inference.cache import ArtifactCache, CachedFile
+from inference.sessions import build_session, device_description
+
+logger = logging.getLogger(__name__)
+
+
+class NotLoaded(Exception):
+    """The version exists in the routing table no more (or not yet); the caller retries or answers 503."""
+
+
+@dataclass(frozen=True)
+class VersionSpec:
+    """What the registry says one served version is."""
+
+    version_id: int
+    model: str
+    version: int
+    sha256: str
+    files: tuple[CachedFile, ...]
+    model_file: str
+    signature: dict[str, Any]
+    strategy: str
+
+
+@dataclass
+class DesiredState:
+    versions: dict[int, VersionSpec]
+    # model name -> alias name -> version id
+    routes: dict[str, dict[str, int]]
+
+
+class LoadedVersion:
+    """One loaded ONNX Runtime session, with an in-flight counter so it can be drained before release."""
+
+    def __init__(self, spec: VersionSpec, session: Any, provider: str, load_seconds: float, memory_bytes: int) -> None:
+        self.spec = spec
+        self.session = session
+        self.provider = provider
+        self.load_seconds = load_seconds
+        self.memory_bytes = memory_bytes
+        self.state = "ready"
+        self._inflight = 0
+        self._closed = False
+        self._cond = threading.Condition()
+
+    def acquire(self) -> None:
+        with self._cond:
+            if self._closed:
+                raise NotLoaded(f"{self.spec.model} v{self.spec.version} was unloaded")
+            self._inflight += 1
+
+    def release(self) -> None:
+        with self._cond:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._cond.notify_all()
+
+    def run(self, feeds: dict[str, Any], output_names: list[str] | None = None) -> list[Any]:
+        return self.session.run(output_names, feeds)
+
+    def drain_and_close(self, timeout: float) -> bool:
+        """Wait for requests in flight, then drop the session; returns False if the wait timed out."""
+        with self._cond:
+            self.state = "draining"
+            drained = self._cond.wait_for(lambda: self._inflight == 0, timeout=timeout)
+            self._closed = True
+            self.session = None
+        return drained
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+
+class Router:
+    """An immutable routing snapshot; the runtime replaces it whole, so readers never see a half-update."""
+
+    def __init__(self, table: dict[str, dict[str, LoadedVersion]] | None = None) -> None:
+        self.table = table or {}
+
+    def resolve(self, model: str, ref: str | None = None) -> LoadedVersion | None:
+        """``ref`` is None (the production alias), an alias name, or a version number."""
+        routes = self.table.get(model)
+        if routes is None:
+            return None
+        return routes.get(ref or "production")
+
+
+@dataclass
+class LoadFailure:
+    error: str
+    attempts: int
+    retry_at: float
+
+
+@dataclass
+class RuntimeStatus:
+    loading: dict[int, VersionSpec] = field(default_factory=dict)
+    failures: dict[int, LoadFailure] = field(default_factory=dict)
+    db_error: str = ""
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        return 0
+
+
+def fetch_desired_state() -> DesiredState:
+    """Read every version a served alias points to (one query plus one for files)."""
+    from registry.models import Alias, FileRole, VersionStatus
+
+    aliases = (
+        Alias.objects.filter(served=True, version__isnull=False, version__status=VersionStatus.READY)
+        .select_related("model", "version")
+        .prefetch_related("version__files")
+    )
+    versions: dict[int, VersionSpec] = {}
+    routes: dict[str, dict[str, int]] = {}
+    for alias in aliases:
+        version = alias.version
+        assert version is not None
+        files = tuple(
+            CachedFile(name=f.name, storage_key=f.storage_key, sha256=f.sha256, size_bytes=f.size_bytes)
+            for f in version.files.all()
+        )
+        model_file = next(f.name for f in version.files.all() if f.role == FileRole.MODEL)
+        versions[version.pk] = VersionSpec(
+            version_id=version.pk,
+            model=alias.model.name,
+            version=version.version,
+            sha256=version.sha256,
+            files=files,
+            model_file=model_file,
+            signature=version.signature,
+            strategy=alias.model.serving_strategy,
+        )
+        routes.setdefault(alias.model.name, {})[alias.name] = version.pk
+    return DesiredState(versions=versions, routes=routes)
+
+
+class InferenceRuntime:
+    """Owns the loaded versions of this process and the thread that reconciles them with the registry."""
+
+    def __init__(self, *, worker_id: str | None = None) -> None:
+        self.worker_id = worker_id or settings.WORKER_ID or f"{socket.gethostname()}-{os.getpid()}"
+        self.router = Router()
+        self.loaded: dict[int, LoadedVersion] = {}
+        self.status = RuntimeStatus()
+        self.cache = ArtifactCache(Path(settings.CACHE_DIR), settings.CACHE_MAX_BYTES)
+        self.started_at = timezone.now()
+        self.device, self.provider = device_description()
+        self._desired = DesiredState(versions={}, routes={})
+        self._loads: dict[int, Future[LoadedVersion]] = {}
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-load")
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._lock = threading.RLock()
+        self._threads: list[threading.Thread] = []
+        self._last_heartbeat = 0.0
+        self._last_snapshot: list[dict[str, Any]] = []
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for target, name in ((self._reconcile_loop, "reconcile"), (self._listen_loop, "alias-listener")):
+            thread = threading.Thread(target=target, name=f"modelyard-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        for loaded in list(self.loaded.values()):
+            loaded.drain_and_close(timeout=1)
+        self.loaded.clear()
+        self.router = Router()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def _reconcile_loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.reconcile_once()
+                self._wake.wait(settings.RECONCILE_POLL_SECONDS)
+                self._wake.clear()
+        finally:
+            connection.close()
+
+    def _listen_loop(self) -> None:
+        from registry import notify
+
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                with notify.listen() as listener:
+                    backoff = 0.5
+                    while not self._stop.is_set():
+                        if listener.wait(1.0):
+                            self._wake.set()
+            except Exception as exc:  # noqa: BLE001 - database or Redis away: polling still covers us
+                logger.debug("alias listener lost its connection: %s", exc)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30)
+            finally:
+                connection.close()
+
+    def reconcile_once(self) -> None:
+        """One pass: read the desired state, start or finish loads, switch routes, release leftovers."""
+        try:
+            close_old_connections()
+            desired = fetch_desired_state()
+            self.status.db_error = ""
+        except DatabaseError as exc:
+            # Keep serving what we have; try again on the next pass.
+            self.status.db_error = f"database unreachable: {exc}".strip()
+            logger.warning("%s", self.status.db_error)
+            connection.close()
+            desired = self._desired
+        with self._lock:
+            self._desired = desired
+            self._collect_finished_loads()
+            self._start_loads(desired)
+            self._switch_routes(desired)
+        self._heartbeat_if_due()
+
+    def _start_loads(self, desired: DesiredState) -> None:
+        now = time.monotonic()
+        for version_id, spec in desired.versions.items():
+            if version_id in self.loaded or version_id in self._loads:
+                continue
+            failure = self.status.failures.get(version_id)
+            if failure is not None and failure.retry_at > now:
+                continue
+            if spec.strategy == "replace":
+                self._unload_other_versions(spec.model, keep=set(desired.versions))
+            self.status.loading[version_id] = spec
+            future = self._executor.submit(self._load, spec)
+            future.add_done_callback(lambda _f: self._wake.set())
+            self._loads[version_id] = future
+
+    def _load(self, spec: VersionSpec) -> LoadedVersion:
+        from registry.validation import synthetic_inputs
+
+        started = time.perf_counter()
+        rss_before = _rss_bytes()
+        folder = self.cache.bundle(spec.sha256, spec.files)
+        built = build_session(folder / spec.model_file)
+        built.session.run(None, synthetic_inputs(built.session))  # warm-up before taking traffic
+        loaded = LoadedVersion(
+            spec,
+            built.session,
+            built.provider,
+            load_seconds=time.perf_counter() - started,
+            memory_bytes=max(0, _rss_bytes() - rss_before),
+        )
+        logger.info("loaded %s v%s on %s in %.2fs", spec.model, spec.version, built.provider, loaded.load_seconds)
+        return loaded
+
+    def _collect_finished_loads(self) -> None:
+        for version_id, future in list(self._loads.items()):
+            if not future.done():
+                continue
+            del self._loads[version_id]
+            spec = self.status.loading.pop(version_id)
+            try:
+                self.loaded[version_id] = future.result()
+                self.status.failures.pop(version_id, None)
+            except Exception as exc:  # noqa: BLE001 - any load error is recorded and retried
+                previous = self.status.failures.get(version_id)
+                attempts = (previous.attempts if previous else 0) + 1
+                delay = min(300.0, 2.0**attempts)
+                self.status.failures[version_id] = LoadFailure(
+                    error=f"{type(exc).__name__}: {exc}", attempts=attempts, retry_at=time.monotonic() + delay
+                )
+                logger.warning("loading %s v%s failed (attempt %d): %s", spec.model, spec.version, attempts, exc)
+
+    def _switch_routes(self, desired: DesiredState) -> None:
+        old = self.router.table
+        table: dict[str, dict[str, LoadedVersion]] = {}
+        for model, aliases in desired.routes.items():
+            for alias, version_id in aliases.items():
+                target = self.loaded.get(version_id)
+                if target is None:
+                    # Blue-green: until the new version is ready, the alias keeps its current session.
+                    target = old.get(model, {}).get(alias)
+                    if target is not None and target.spec.version_id not in self.loaded:
+                        target = None
+                if target is not None:
+                    table.setdefault(model, {})[alias] = target
+        for loaded in self.loaded.values():
+            table.setdefault(loaded.spec.model, {})[str(loaded.spec.version)] = loaded
+        # Versions neither desired nor still routed by an alias are drained and released.
+        in_use = {v.spec.version_id for routes in table.values() for k, v in routes.items() if not k.isdigit()}
+        leftovers = [vid for vid in self.loaded if vid not in desired.versions and vid not in in_use]
+        for version_id in leftovers:
+            stale = self.loaded[version_id]
+            table.get(stale.spec.model, {}).pop(str(stale.spec.version), None)
+        self.router = Router(table)  # the atomic switch
+        for version_id in leftovers:
+            self._release(self.loaded.pop(version_id))
+        self.cache.evict(keep={v.spec.sha256 for v in self.loaded.values()})
+
+    def _unload_other_versions(self, model: str, keep: set[int]) -> None:
+        """The replace strategy: free the model's old sessions before loading the new one (brief 503s)."""
+        doomed = {vid for vid, v in self.loaded.items() if v.spec.model == model and vid not in keep}
+        if not doomed:
+            return
+        table = {
+            m: {name: v for name, v in routes.items() if v.spec.version_id not in doomed}
+            for m, routes in self.router.table.items()
+        }
+        self.router = Router(table)
+        for version_id in doomed:
+            self._release(self.loaded.pop(version_id))
+
+    def _release(self, loaded: LoadedVersion) -> None:
+        def drain() -> None:
+            if not loaded.drain_and_close(settings.DRAIN_TIMEOUT_SECONDS):
+                logger.warning("%s v%s released with requests still in flight", loaded.spec.model, loaded.spec.version)
+
+        threading.Thread(target=drain, name="drain", daemon=True).start()
+
+    # --- fleet status --------------------------------------------------------------------------
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._lock:
+            aliases_of: dict[int, list[str]] = {}
+            for routes in self.router.table.values():
+                for name, loaded in routes.items():
+                    if not name.isdigit():
+                        aliases_of.setdefault(loaded.spec.version_id, []).append(name)
+            rows = [
+                {
+                    "model": v.spec.model,
+                    "version": v.spec.version,
+                    "aliases": sorted(aliases_of.get(vid, [])),
+                    "state": v.state,
+                    "error": "",
+                    "load_seconds": round(v.load_seconds, 3),
+                    "memory_bytes": v.memory_bytes,
+                    "provider": v.provider,
+                }
+                for vid, v in self.loaded.items()
+            ]
+            rows += [
+                {
+                    "model": s.model,
+                    "version": s.version,
+                    "aliases": [],
+                    "state": "loading",
+                    "error": "",
+                    "load_seconds": None,
+                    "memory_bytes": None,
+                    "provider": "",
+                }
+                for s in self.status.loading.values()
+            ]
+            for version_id, failure in self.status.failures.items():
+                spec = self._desired.versions.get(version_id)
+                if spec is not None and version_id not in self.status.loading:
+                    rows.append(
+                        {
+                            "model": spec.model,
+                            "version": spec.version,
+                            "aliases": [],
+                            "state": "failed",
+                            "error": failure.error,
+                            "load_seconds": None,
+                            "memory_bytes": None,
+                            "provider": "",
+                        }
+                    )
+        return sorted(rows, key=lambda r: (r["model"], r["version"]))
+
+    def _heartbeat_if_due(self) -> None:
+        """Report at the heartbeat interval, and at once whenever what this process serves changed."""
+        snapshot = self.snapshot()
+        due = time.monotonic() - self._last_heartbeat >= settings.FLEET_HEARTBEAT_SECONDS
+        if due or snapshot != self._last_snapshot:
+            self.heartbeat(snapshot)
+
+    def heartbeat(self, snapshot: list[dict[str, Any]] | None = None) -> None:
+        from registry.models import InferenceWorker
+
+        snapshot = self.snapshot() if snapshot is None else snapshot
+        try:
+            InferenceWorker.objects.update_or_create(
+                worker_id=self.worker_id,
+                defaults={
+                    "host": socket.gethostname(),
+                    "pid": os.getpid(),
+                    "device": self.device,
+                    "provider": self.provider,
+                    "loaded": snapshot,
+                    "errors": [self.status.db_error] if self.status.db_error else [],
+                    "started_at": self.started_at,
+                    "heartbeat_at": timezone.now(),
+                },
+            )
+            self._last_heartbeat = time.monotonic()
+            self._last_snapshot = snapshot
+        except DatabaseError as exc:
+            logger.warning("fleet heartbeat failed: %s", exc)
+            connection.close()
