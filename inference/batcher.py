@@ -1,0 +1,197 @@
+"""A per-version dynamic batcher: concurrent requests with matching shapes become one ONNX Runtime run.
+
+One batch runs on the device while the queue forms the next. A batch closes when it reaches
+``max_batch_size`` or when its oldest request has waited ``max_queue_delay``. Requests carry a
+priority (lower first, 0 = default) and an optional timeout, as in Triton; the queue is bounded
+and a full queue is refused at once. ORT runs in a worker thread, so the event loop never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+DEFAULT_PRIORITY = 10
+Arrays = dict[str, np.ndarray]
+
+
+class Overloaded(Exception):
+    """The queue is full."""
+
+
+class RequestTimeout(Exception):
+    """The request waited past its timeout before it could run."""
+
+
+@dataclass(order=True)
+class _Item:
+    order: tuple[int, int]
+    key: tuple[Any, ...] = field(compare=False)
+    feeds: Arrays = field(compare=False)
+    rows: int = field(compare=False)
+    future: asyncio.Future[Arrays] = field(compare=False)
+    enqueued: float = field(compare=False)
+    deadline: float | None = field(compare=False)
+
+
+def batch_key(feeds: Arrays) -> tuple[Any, ...]:
+    """Requests merge only when every input matches beyond the first (batch) dimension."""
+    return tuple(sorted((name, a.dtype.str, a.shape[1:]) for name, a in feeds.items()))
+
+
+class Batcher:
+    def __init__(
+        self,
+        run: Callable[[Arrays], Arrays],
+        *,
+        batching: bool,
+        max_batch_size: int,
+        max_queue_delay_us: int,
+        max_queue_size: int,
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self._run = run
+        self.batching = batching
+        self.max_batch_size = max(1, max_batch_size)
+        self.max_delay = max_queue_delay_us / 1e6
+        self.max_queue_size = max_queue_size
+        self._on_batch = on_batch
+        self._queue: list[_Item] = []
+        self._seq = itertools.count()
+        self._arrived = asyncio.Event()
+        self._slot = asyncio.Semaphore(1)  # one batch in flight while the next one forms
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort-run")
+        self._runner: asyncio.Task[None] | None = None
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def submit(self, feeds: Arrays, *, priority: int = 0, timeout_us: int | None = None) -> asyncio.Future[Arrays]:
+        """Queue one request; the future resolves to its outputs. Cancel the future to drop it."""
+        if len(self._queue) >= self.max_queue_size:
+            raise Overloaded(f"the queue is full ({self.max_queue_size} requests)")
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        first = next(iter(feeds.values()))
+        item = _Item(
+            order=(priority or DEFAULT_PRIORITY, next(self._seq)),
+            key=batch_key(feeds),
+            feeds=feeds,
+            rows=first.shape[0] if self.batching and first.ndim else 1,
+            future=loop.create_future(),
+            enqueued=now,
+            deadline=now + timeout_us / 1e6 if timeout_us else None,
+        )
+        heapq.heappush(self._queue, item)
+        self._arrived.set()
+        if self._runner is None or self._runner.done():
+            self._runner = loop.create_task(self._loop())
+        return item.future
+
+    async def _loop(self) -> None:
+        while True:
+            while not self._queue:
+                self._arrived.clear()
+                await self._arrived.wait()
+            await self._slot.acquire()
+            batch = await self._gather()
+            if not batch:
+                self._slot.release()
+                continue
+            asyncio.get_running_loop().create_task(self._execute(batch))
+
+    def _take_live(self) -> _Item | None:
+        now = time.monotonic()
+        while self._queue:
+            item = heapq.heappop(self._queue)
+            if item.future.done():  # cancelled: the client went away
+                continue
+            if item.deadline is not None and now > item.deadline:
+                item.future.set_exception(RequestTimeout("the request timed out in the queue before it ran"))
+                continue
+            return item
+        return None
+
+    async def _gather(self) -> list[_Item]:
+        head = self._take_live()
+        if head is None:
+            return []
+        batch, rows = [head], head.rows
+        if not self.batching:
+            return batch
+        close_at = head.enqueued + self.max_delay
+        while rows < self.max_batch_size:
+            keep: list[_Item] = []
+            while self._queue and rows < self.max_batch_size:
+                item = heapq.heappop(self._queue)
+                if item.future.done():
+                    continue
+                if item.key == head.key and rows + item.rows <= self.max_batch_size:
+                    batch.append(item)
+                    rows += item.rows
+                else:
+                    keep.append(item)
+            for item in keep:
+                heapq.heappush(self._queue, item)
+            remaining = close_at - time.monotonic()
+            if rows >= self.max_batch_size or remaining <= 0:
+                break
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except TimeoutError:
+                pass
+        return batch
+
+    async def _execute(self, batch: list[_Item]) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+            try:
+                results = await loop.run_in_executor(self._executor, self._run_batch, batch)
+            except Exception as exc:  # noqa: BLE001 - every request of the batch gets the error
+                for item in batch:
+                    if not item.future.done():
+                        item.future.set_exception(exc)
+                return
+            for item, result in zip(batch, results, strict=True):
+                if not item.future.done():
+                    item.future.set_result(result)
+        finally:
+            self._slot.release()
+
+    def _run_batch(self, batch: list[_Item]) -> list[Arrays]:
+        if len(batch) == 1:
+            if self._on_batch:
+                self._on_batch(1, batch[0].rows)
+            return [self._run(batch[0].feeds)]
+        names = list(batch[0].feeds)
+        merged = {name: np.concatenate([item.feeds[name] for item in batch], axis=0) for name in names}
+        outputs = self._run(merged)
+        if self._on_batch:
+            self._on_batch(len(batch), sum(item.rows for item in batch))
+        results: list[Arrays] = [{} for _ in batch]
+        offsets = np.cumsum([0] + [item.rows for item in batch])
+        for name, value in outputs.items():
+            if value.ndim == 0 or value.shape[0] != offsets[-1]:
+                raise RuntimeError(f"output '{name}' has shape {value.shape}; it cannot be split by batch")
+            for index in range(len(batch)):
+                results[index][name] = value[offsets[index] : offsets[index + 1]]
+        return results
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.cancel()
+        for item in self._queue:
+            if not item.future.done():
+                item.future.set_exception(Overloaded("the model was unloaded"))
+        self._queue.clear()
+        self._executor.shutdown(wait=False)

@@ -1,0 +1,304 @@
+"""The Open Inference Protocol (KServe v2) wire format, with Triton's binary tensor extension.
+
+Decoding turns a request body into numpy arrays checked against the version's signature;
+encoding turns outputs into a JSON or JSON-plus-binary response. Every problem a client can
+cause raises :class:`ProtocolError` with a 4xx status and a message naming what was wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+HEADER_LENGTH = "inference-header-content-length"
+MAX_ELEMENTS = 1 << 31
+MAX_DECOMPRESSED = 1 << 31
+
+NUMPY_OF: dict[str, Any] = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+    "BYTES": np.object_,
+}
+PROTOCOL_OF = {np.dtype(v).str: k for k, v in NUMPY_OF.items() if v is not np.object_}
+
+
+class ProtocolError(Exception):
+    """Something the client sent is wrong; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class InferRequest:
+    """A decoded request: inputs as arrays, and how the client wants its outputs."""
+
+    id: str | None
+    inputs: dict[str, np.ndarray]
+    outputs: list[str]
+    binary_outputs: set[str]
+    priority: int = 0
+    timeout_us: int | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def decompress(body: bytes, encoding: str) -> bytes:
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise ProtocolError(f"unsupported Content-Encoding '{encoding}'; use gzip or deflate", 415)
+    # wbits: 16+ reads gzip, 15 zlib-wrapped deflate; raw deflate is retried below.
+    decoder = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+    try:
+        data = decoder.decompress(body, MAX_DECOMPRESSED)
+    except zlib.error:
+        if encoding != "deflate":
+            raise ProtocolError("the gzip body is corrupt") from None
+        try:
+            data = zlib.decompressobj(-zlib.MAX_WBITS).decompress(body, MAX_DECOMPRESSED)
+        except zlib.error as exc:
+            raise ProtocolError(f"the deflate body is corrupt: {exc}") from exc
+    if decoder.unconsumed_tail:
+        raise ProtocolError("the decompressed body is larger than 2 GiB", 413)
+    return data
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], memoryview]:
+    """Return the JSON header and the binary section that follows it."""
+    if header_length is None:
+        json_part, binary = body, memoryview(b"")
+    else:
+        try:
+            length = int(header_length)
+        except ValueError:
+            raise ProtocolError(f"Inference-Header-Content-Length must be an integer, got {header_length!r}") from None
+        if length < 0 or length > len(body):
+            raise ProtocolError(f"Inference-Header-Content-Length is {length} but the body has only {len(body)} bytes")
+        json_part, binary = body[:length], memoryview(body)[length:]
+    try:
+        header = json.loads(json_part)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"the request is not valid JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise ProtocolError("the request must be a JSON object")
+    return header, binary
+
+
+def _shape(name: str, shape: Any) -> list[int]:
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise ProtocolError(f"input '{name}': shape must be a list of integers, got {shape!r}")
+    if any(d < 0 for d in shape):
+        raise ProtocolError(f"input '{name}': shape {shape} has a negative dimension")
+    count = 1
+    for d in shape:
+        count *= d
+    if count > MAX_ELEMENTS:
+        raise ProtocolError(f"input '{name}': shape {shape} has more than {MAX_ELEMENTS} elements")
+    return shape
+
+
+def _decode_bytes_elements(name: str, raw: memoryview, count: int) -> np.ndarray:
+    values: list[bytes] = []
+    offset = 0
+    while offset < len(raw):
+        if offset + 4 > len(raw):
+            raise ProtocolError(f"input '{name}': BYTES data ends inside an element's 4-byte length")
+        (size,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + size > len(raw):
+            raise ProtocolError(f"input '{name}': BYTES element {len(values)} runs past the end of its data")
+        values.append(bytes(raw[offset : offset + size]))
+        offset += size
+    if len(values) != count:
+        raise ProtocolError(f"input '{name}': shape needs {count} BYTES elements, got {len(values)}")
+    array = np.empty(count, dtype=object)
+    array[:] = values
+    return array
+
+
+def _from_json_data(name: str, datatype: str, data: Any, count: int) -> np.ndarray:
+    if data is None:
+        raise ProtocolError(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
+    if datatype == "BYTES":
+        flat = np.asarray(data, dtype=object).reshape(-1)
+        array = np.empty(flat.size, dtype=object)
+        array[:] = [v.encode() if isinstance(v, str) else v for v in flat]
+        for value in array:
+            if not isinstance(value, bytes):
+                raise ProtocolError(f"input '{name}': BYTES data must be strings, got {type(value).__name__}")
+    else:
+        try:
+            array = np.asarray(data, dtype=NUMPY_OF[datatype]).reshape(-1)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise ProtocolError(f"input '{name}': data does not fit {datatype}: {exc}") from None
+    if array.size != count:
+        raise ProtocolError(f"input '{name}': shape needs {count} values, got {array.size}")
+    return array
+
+
+def decode_request(body: bytes, header_length: str | None, signature: dict[str, Any]) -> InferRequest:
+    header, binary = split_body(body, header_length)
+    expected = {spec["name"]: spec for spec in signature.get("inputs", [])}
+    raw_inputs = header.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise ProtocolError("the request needs a non-empty 'inputs' list")
+    inputs: dict[str, np.ndarray] = {}
+    offset = 0
+    for item in raw_inputs:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise ProtocolError(f"each input needs a 'name', got {item!r}")
+        name = item["name"]
+        spec = expected.get(name)
+        if spec is None:
+            raise ProtocolError(f"unknown input '{name}'; the model takes {', '.join(sorted(expected)) or 'none'}")
+        if name in inputs:
+            raise ProtocolError(f"input '{name}' appears twice")
+        datatype = item.get("datatype")
+        if datatype not in NUMPY_OF:
+            raise ProtocolError(f"input '{name}': unknown datatype {datatype!r}")
+        if datatype != spec["datatype"]:
+            raise ProtocolError(f"input '{name}': expected datatype {spec['datatype']}, got {datatype}")
+        shape = _shape(name, item.get("shape"))
+        want = spec.get("shape")
+        if want is not None and (
+            len(want) != len(shape) or any(w not in (-1, s) for w, s in zip(want, shape, strict=True))
+        ):
+            raise ProtocolError(f"input '{name}': expected shape {want}, got {shape}")
+        count = int(np.prod(shape)) if shape else 1
+        size = (item.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or size < 0:
+                raise ProtocolError(f"input '{name}': binary_data_size must be a non-negative integer")
+            if offset + size > len(binary):
+                raise ProtocolError(
+                    f"input '{name}': binary_data_size {size} runs past the end of the body "
+                    f"({len(binary) - offset} bytes left)"
+                )
+            raw = binary[offset : offset + size]
+            offset += size
+            if datatype == "BYTES":
+                array = _decode_bytes_elements(name, raw, count)
+            else:
+                dtype = np.dtype(NUMPY_OF[datatype]).newbyteorder("<")
+                if size != count * dtype.itemsize:
+                    raise ProtocolError(
+                        f"input '{name}': shape {shape} of {datatype} needs {count * dtype.itemsize} bytes, "
+                        f"got binary_data_size {size}"
+                    )
+                array = np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="), copy=False)
+        else:
+            array = _from_json_data(name, datatype, item.get("data"), count)
+        inputs[name] = array.reshape(shape)
+    if offset != len(binary):
+        raise ProtocolError(f"the body has {len(binary) - offset} bytes of binary data that no input claims")
+    missing = sorted(expected.keys() - inputs.keys())
+    if missing:
+        raise ProtocolError(f"missing input(s): {', '.join(missing)}")
+
+    parameters = header.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise ProtocolError("'parameters' must be an object")
+    names = [spec["name"] for spec in signature.get("outputs", [])]
+    requested = header.get("outputs")
+    binary_all = bool(parameters.get("binary_data_output", False))
+    if requested is None:
+        outputs, binary_outputs = names, set(names) if binary_all else set()
+    else:
+        if not isinstance(requested, list):
+            raise ProtocolError("'outputs' must be a list")
+        outputs, binary_outputs = [], set()
+        for item in requested:
+            if not isinstance(item, dict) or item.get("name") not in names:
+                name = item.get("name") if isinstance(item, dict) else item
+                raise ProtocolError(f"unknown output {name!r}; the model gives {', '.join(names)}")
+            outputs.append(item["name"])
+            if (item.get("parameters") or {}).get("binary_data", binary_all):
+                binary_outputs.add(item["name"])
+    request_id = header.get("id")
+    priority = parameters.get("priority", 0)
+    timeout = parameters.get("timeout")
+    if not isinstance(priority, int) or priority < 0:
+        raise ProtocolError(f"parameters.priority must be a non-negative integer, got {priority!r}")
+    if timeout is not None and (not isinstance(timeout, int) or timeout < 0):
+        raise ProtocolError(f"parameters.timeout must be a non-negative integer (microseconds), got {timeout!r}")
+    return InferRequest(
+        id=None if request_id is None else str(request_id),
+        inputs=inputs,
+        outputs=outputs,
+        binary_outputs=binary_outputs,
+        priority=priority,
+        timeout_us=timeout or None,
+        parameters=parameters,
+    )
+
+
+def _datatype(array: np.ndarray) -> str:
+    if array.dtype == np.object_ or array.dtype.kind in "SU":
+        return "BYTES"
+    return PROTOCOL_OF.get(array.dtype.str, PROTOCOL_OF.get(array.dtype.newbyteorder("<").str, str(array.dtype)))
+
+
+def _bytes_payload(array: np.ndarray) -> bytes:
+    parts = []
+    for value in array.reshape(-1):
+        data = value if isinstance(value, bytes) else str(value).encode()
+        parts.append(struct.pack("<I", len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def _json_data(array: np.ndarray) -> list[Any]:
+    flat = array.reshape(-1)
+    if _datatype(array) == "BYTES":
+        return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat]
+    return list(flat.tolist())
+
+
+def encode_response(
+    *, model: str, version: str, request: InferRequest, values: dict[str, np.ndarray]
+) -> tuple[bytes, dict[str, str]]:
+    """The response body and headers: plain JSON, or JSON followed by binary outputs."""
+    outputs = []
+    blobs = []
+    for name in request.outputs:
+        array = values[name]
+        entry: dict[str, Any] = {"name": name, "datatype": _datatype(array), "shape": list(array.shape)}
+        if name in request.binary_outputs:
+            blob = (
+                _bytes_payload(array)
+                if entry["datatype"] == "BYTES"
+                else np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
+            )
+            entry["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            entry["data"] = _json_data(array)
+        outputs.append(entry)
+    body: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": outputs}
+    if request.id is not None:
+        body["id"] = request.id
+    header = json.dumps(body, separators=(",", ":")).encode()
+    if not blobs:
+        return header, {"content-type": "application/json"}
+    return header + b"".join(blobs), {
+        "content-type": "application/octet-stream",
+        "inference-header-content-length": str(len(header)),
+    }

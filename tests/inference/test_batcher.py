@@ -1,0 +1,142 @@
+"""The dynamic batcher on a real ONNX Runtime session: merging, exact splitting, priority, timeouts, limits."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from inference.batcher import Batcher, Overloaded, RequestTimeout
+from tests.onnx_models import add_model_bytes
+
+
+@pytest.fixture(scope="module")
+def session() -> ort.InferenceSession:
+    return ort.InferenceSession(add_model_bytes(bias=0.5), providers=["CPUExecutionProvider"])
+
+
+def runner(session, sizes: list[int], gate: threading.Event | None = None):
+    def run(feeds):
+        if gate is not None:
+            gate.wait(5)
+        sizes.append(feeds["x"].shape[0])
+        return {"y": session.run(["y"], feeds)[0]}
+
+    return run
+
+
+def test_concurrent_requests_merge_and_each_gets_its_own_outputs(session):
+    sizes: list[int] = []
+    merged: list[tuple[int, int]] = []
+
+    async def main():
+        batcher = Batcher(
+            runner(session, sizes),
+            batching=True,
+            max_batch_size=64,
+            max_queue_delay_us=20_000,
+            max_queue_size=1000,
+            on_batch=lambda requests, rows: merged.append((requests, rows)),
+        )
+        inputs = [np.full((1 + i % 3, 4), i, dtype=np.float32) for i in range(64)]
+        futures = [batcher.submit({"x": x}) for x in inputs]
+        results = await asyncio.gather(*futures)
+        batcher.close()
+        return inputs, results
+
+    inputs, results = asyncio.run(main())
+    for x, result in zip(inputs, results, strict=True):
+        np.testing.assert_array_equal(result["y"], session.run(["y"], {"x": x})[0])
+    assert max(requests for requests, _ in merged) > 1
+    assert sum(rows for _, rows in merged) == sum(x.shape[0] for x in inputs)
+    assert max(sizes) <= 64
+
+
+def test_different_trailing_shapes_never_share_a_batch():
+    sizes: list[tuple[int, ...]] = []
+
+    def run(feeds):
+        sizes.append(feeds["x"].shape)
+        return {"y": feeds["x"] * 2}
+
+    async def main():
+        batcher = Batcher(run, batching=True, max_batch_size=8, max_queue_delay_us=10_000, max_queue_size=100)
+        a = [batcher.submit({"x": np.ones((1, 3), np.float32)}) for _ in range(3)]
+        b = [batcher.submit({"x": np.ones((1, 5), np.float32)}) for _ in range(3)]
+        out = await asyncio.gather(*a, *b)
+        batcher.close()
+        return out
+
+    out = asyncio.run(main())
+    assert all(o["y"].shape == (1, 3) for o in out[:3]) and all(o["y"].shape == (1, 5) for o in out[3:])
+    assert sorted(sizes) == [(3, 3), (3, 5)]
+
+
+def test_full_queue_is_refused_at_once(session):
+    gate = threading.Event()
+
+    async def main():
+        batcher = Batcher(
+            runner(session, [], gate), batching=False, max_batch_size=1, max_queue_delay_us=0, max_queue_size=2
+        )
+        first = batcher.submit({"x": np.ones((1, 4), np.float32)})
+        await asyncio.sleep(0.05)  # the first one is now running (blocked on the gate)
+        batcher.submit({"x": np.ones((1, 4), np.float32)})
+        batcher.submit({"x": np.ones((1, 4), np.float32)})
+        with pytest.raises(Overloaded, match="the queue is full"):
+            batcher.submit({"x": np.ones((1, 4), np.float32)})
+        gate.set()
+        await first
+        batcher.close()
+
+    asyncio.run(main())
+
+
+def test_timed_out_request_gets_an_error_and_never_runs(session):
+    gate = threading.Event()
+    sizes: list[int] = []
+
+    async def main():
+        batcher = Batcher(
+            runner(session, sizes, gate), batching=False, max_batch_size=1, max_queue_delay_us=0, max_queue_size=10
+        )
+        blocker = batcher.submit({"x": np.ones((1, 4), np.float32)})
+        await asyncio.sleep(0.05)
+        late = batcher.submit({"x": np.full((2, 4), 7, np.float32)}, timeout_us=1000)
+        await asyncio.sleep(0.05)
+        gate.set()
+        await blocker
+        with pytest.raises(RequestTimeout):
+            await late
+        batcher.close()
+
+    asyncio.run(main())
+    assert sizes == [1]
+
+
+def test_priority_runs_first_and_cancelled_requests_are_dropped(session):
+    gate = threading.Event()
+    order: list[float] = []
+
+    def run(feeds):
+        gate.wait(5)
+        order.append(float(feeds["x"][0, 0]))
+        return {"y": feeds["x"]}
+
+    async def main():
+        batcher = Batcher(run, batching=False, max_batch_size=1, max_queue_delay_us=0, max_queue_size=10)
+        blocker = batcher.submit({"x": np.zeros((1, 4), np.float32)})
+        await asyncio.sleep(0.05)
+        low = batcher.submit({"x": np.full((1, 4), 1, np.float32)}, priority=5)
+        gone = batcher.submit({"x": np.full((1, 4), 2, np.float32)}, priority=1)
+        high = batcher.submit({"x": np.full((1, 4), 3, np.float32)}, priority=1)
+        gone.cancel()  # its client disconnected
+        gate.set()
+        await asyncio.gather(blocker, low, high)
+        batcher.close()
+
+    asyncio.run(main())
+    assert order == [0.0, 3.0, 1.0]
