@@ -58,8 +58,9 @@ class ChunkPipe:
         self._aborted.set()
 
     def read(self, n: int = -1) -> bytes:
-        parts = [self._pending]
+        parts = [self._pending] if self._pending else []
         have = len(self._pending)
+        self._pending = b""
         while not self._eof and (n < 0 or have < n):
             if self._aborted.is_set():
                 raise _Aborted("upload aborted")
@@ -72,12 +73,12 @@ class ChunkPipe:
                 break
             parts.append(item)
             have += len(item)
-        data = b"".join(parts)
-        if n < 0 or len(data) <= n:
-            self._pending = b""
-            return data
-        self._pending = data[n:]
-        return data[:n]
+        if 0 <= n < have:
+            # Split only the last piece, so reading a whole S3 part makes one copy of it, not two.
+            last = parts[-1]
+            cut = len(last) - (have - n)
+            parts[-1], self._pending = last[:cut], last[cut:]
+        return b"".join(parts)
 
 
 class StoredUpload(UploadedFile):

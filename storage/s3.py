@@ -39,7 +39,7 @@ class S3Storage:
         addressing_style: str = "auto",
         max_attempts: int = 3,
         connect_timeout: float = 5.0,
-        multipart_chunk_bytes: int = 16 * 1024 * 1024,
+        multipart_chunk_bytes: int = 8 * 1024 * 1024,
         max_concurrency: int = 4,
     ) -> None:
         self.bucket = bucket
@@ -57,10 +57,14 @@ class S3Storage:
             multipart_threshold=multipart_chunk_bytes,
             multipart_chunksize=multipart_chunk_bytes,
             max_concurrency=max_concurrency,
-            # Bounds how many chunks of a non-seekable stream wait in memory for an upload thread.
-            max_io_queue=max_concurrency,
             use_threads=True,
         )
+        # A write reads a non-seekable stream, so boto3 holds every part in memory until it is sent.
+        # This bounds the parts held (queued or uploading) to the parts that can upload at once; one
+        # more is being read. Memory per write is about (max_concurrency + 2) * multipart_chunk_bytes.
+        # (max_io_queue, often mistaken for this bound, only applies to downloads; the default here
+        # is 10 parts whatever the concurrency.)
+        self.transfer_config.max_in_memory_upload_chunks = max_concurrency
         self.endpoint_url = endpoint_url
 
     def _full(self, key: str) -> str:

@@ -144,3 +144,29 @@ def test_orphans_younger_than_the_grace_period_are_kept(owner, registered, any_s
     assert collect_orphaned_artifacts(grace_seconds=3600) == []
 
     assert {item.key for item in get_storage().list("")} == referenced | {orphan_key}
+
+
+@pytest.mark.parametrize("read_size", [1, 7, 1000, 4096, 10_000, -1])
+def test_chunk_pipe_reads_return_the_exact_bytes_in_order(read_size):
+    import threading
+
+    from registry.uploads import ChunkPipe
+
+    pieces = [bytes([i]) * (997 + 13 * i) for i in range(40)]
+    pipe = ChunkPipe()
+
+    def feed() -> None:
+        for piece in pieces:
+            pipe.put(piece)
+        pipe.close()
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    got = []
+    while chunk := pipe.read(read_size):
+        assert read_size < 0 or len(chunk) <= read_size
+        got.append(chunk)
+    feeder.join()
+    assert b"".join(got) == b"".join(pieces)
+    if read_size > 0:
+        assert all(len(chunk) == read_size for chunk in got[:-1])

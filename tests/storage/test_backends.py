@@ -190,3 +190,10 @@ def test_s3_unreachable_list_raises_storage_unavailable(unreachable):
 def test_s3_unreachable_delete_raises_storage_unavailable(unreachable):
     with pytest.raises(StorageUnavailable, match="S3 request failed"):
         unreachable.delete("x/model.onnx")
+
+
+def test_s3_write_holds_no_more_parts_in_memory_than_it_uploads_at_once(s3_endpoint, s3_bucket):
+    store = S3Storage(bucket=s3_bucket, endpoint_url=s3_endpoint, max_concurrency=3)
+    # boto3's default (10 parts) would let a fast reader queue 10 parts of a non-seekable stream.
+    assert store.transfer_config.max_in_memory_upload_chunks == 3
+    assert store.transfer_config.max_request_concurrency == 3

@@ -1,0 +1,479 @@
+"""Upload benchmark: a large model with external data through a real Modelyard server into S3 (moto).
+
+    .venv/bin/python bench/upload.py [--size-mb 1024]
+
+What it does, all on 127.0.0.1 and cleaned up afterwards:
+
+1. starts moto's ThreadedMotoServer (in a child process, so it does not compete for the GIL with
+   the client here) and creates a bucket;
+2. writes a model whose single initializer ``w`` (float32, ``--size-mb`` MiB) lives in the
+   external-data file ``weights.bin``: ``y = x + ReduceSum(w)``. A small copy of the same graph is
+   checked with onnx.checker and run in ONNX Runtime first;
+3. starts ``modelyard serve`` with S3 storage and a Redis broker (redis://127.0.0.1:6379/15), so
+   validation is queued rather than run inside the request (nothing consumes the queue; the
+   messages this run queued are removed at the end);
+4. streams model.onnx + weights.bin as one multipart request (the client never holds a file in
+   memory) while sampling the server's RSS every 50 ms from /proc;
+5. uploads the same two files with boto3 ``upload_file`` (default TransferConfig) to the same
+   endpoint, for comparison.
+
+It prints a table and writes bench/results/upload.json. The server's RSS growth should stay
+under 100 MB whatever the model size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+MIB = 1024 * 1024
+RSS_LIMIT_BYTES = 100 * 1000 * 1000
+BROKER_URL = "redis://127.0.0.1:6379/15"
+BUCKET = "modelyard-bench"
+MODEL_NAME = "bench"
+
+MOTO_SERVER = """
+import sys
+from moto.server import ThreadedMotoServer
+
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+server.start()
+print(server.get_host_and_port()[1], flush=True)
+sys.stdin.read()  # serve until the parent closes our stdin
+server.stop()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# --- the model -----------------------------------------------------------------------------------
+
+
+def write_model(folder: Path, size_bytes: int) -> dict[str, str]:
+    """y = x + ReduceSum(w); w is float32 [size_bytes / 4] in folder/weights.bin. Returns sha256 per file."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    folder.mkdir(parents=True, exist_ok=True)
+    count = max(1, size_bytes // 4)
+    digest = hashlib.sha256()
+    rng = np.random.default_rng(0)
+    with (folder / "weights.bin").open("wb") as out:
+        left = count
+        while left:
+            block = rng.random(min(left, 4 * MIB), dtype=np.float32).tobytes()
+            digest.update(block)
+            out.write(block)
+            left -= len(block) // 4
+    w = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[count])
+    w.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", "weights.bin"), ("offset", "0"), ("length", str(count * 4))):
+        entry = w.external_data.add()
+        entry.key, entry.value = key, value
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    nodes = [helper.make_node("ReduceSum", ["w"], ["s"], keepdims=1), helper.make_node("Add", ["x", "s"], ["y"])]
+    graph = helper.make_graph(nodes, "bench", [x], [y], [w])
+    model = helper.make_model(graph, ir_version=10, opset_imports=[helper.make_opsetid("", 17)], producer_name="bench")
+    data = model.SerializeToString()
+    (folder / "model.onnx").write_bytes(data)
+    onnx.checker.check_model(str(folder / "model.onnx"))
+    return {"model.onnx": hashlib.sha256(data).hexdigest(), "weights.bin": digest.hexdigest()}
+
+
+def check_small_copy(folder: Path) -> None:
+    """The same graph at 4 KiB must pass the full checker and run in ONNX Runtime."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    write_model(folder, 4096)
+    path = str(folder / "model.onnx")
+    onnx.checker.check_model(path, full_check=True)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    (result,) = session.run(None, {"x": np.array([1.0], dtype=np.float32)})
+    weights = np.fromfile(folder / "weights.bin", dtype=np.float32)
+    assert np.allclose(result, 1.0 + weights.sum(), rtol=1e-4), (result, weights.sum())
+
+
+# --- processes -----------------------------------------------------------------------------------
+
+
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} for pid {pid}")
+
+
+class RssSampler(threading.Thread):
+    def __init__(self, pid: int, interval: float = 0.05) -> None:
+        super().__init__(name="rss-sampler", daemon=True)
+        self.pid = pid
+        self.interval = interval
+        self.samples: list[tuple[float, int]] = []
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        start = time.monotonic()
+        while not self._done.is_set():
+            try:
+                self.samples.append((time.monotonic() - start, rss_bytes(self.pid)))
+            except (OSError, RuntimeError):
+                return
+            self._done.wait(self.interval)
+
+    def stop(self) -> None:
+        self._done.set()
+        self.join()
+
+    @property
+    def peak(self) -> int:
+        return max(rss for _, rss in self.samples)
+
+
+def request(port: int, method: str, path: str, token: str, body: Any = None) -> tuple[int, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    headers = {"Authorization": f"Bearer {token}"}
+    payload = None
+    if body is not None:
+        payload = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    conn.request(method, path, body=payload, headers=headers)
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    try:
+        return response.status, json.loads(data)
+    except ValueError:
+        return response.status, data.decode(errors="replace")
+
+
+def stream_upload(port: int, token: str, model: str, files: list[Path]) -> tuple[int, Any, int]:
+    """POST the files as multipart/form-data, streamed from disk in 1 MiB pieces."""
+    boundary = uuid.uuid4().hex
+    heads = [
+        (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{path.name}"\r\n'
+            "Content-Type: application/octet-stream\r\n\r\n"
+        ).encode()
+        for path in files
+    ]
+    tail = f"--{boundary}--\r\n".encode()
+    length = sum(len(head) + path.stat().st_size + 2 for head, path in zip(heads, files, strict=True)) + len(tail)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
+    conn.putrequest("POST", f"/api/v1/models/{model}/versions")
+    conn.putheader("Authorization", f"Bearer {token}")
+    conn.putheader("Content-Type", f"multipart/form-data; boundary={boundary}")
+    conn.putheader("Content-Length", str(length))
+    conn.endheaders()
+    try:
+        for head, path in zip(heads, files, strict=True):
+            conn.send(head)
+            with path.open("rb") as source:
+                while chunk := source.read(MIB):
+                    conn.send(chunk)
+            conn.send(b"\r\n")
+        conn.send(tail)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server answered early; read its answer below
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    try:
+        return response.status, json.loads(data), length
+    except ValueError:
+        return response.status, data.decode(errors="replace"), length
+
+
+def wait_for_server(port: int, token: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"modelyard serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            status, _ = request(port, "GET", "/api/v1/models", token)
+            if status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.25)
+    raise RuntimeError(f"modelyard serve did not answer within 90 s:\n{log.read_text()[-4000:]}")
+
+
+def stop_process(proc: subprocess.Popen[Any] | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def drop_queued_messages(server_pid: int) -> int:
+    """Remove the validation messages this run's server queued (their origin names its pid)."""
+    try:
+        import redis
+    except ImportError:
+        return 0
+    client = redis.Redis.from_url(BROKER_URL, decode_responses=True)
+    removed = 0
+    try:
+        for raw in client.lrange("celery", 0, -1):
+            text = raw if isinstance(raw, str) else raw.decode()
+            try:
+                origin = json.loads(text).get("headers", {}).get("origin", "")
+            except ValueError:
+                continue
+            if origin.startswith(f"gen{server_pid}@"):
+                removed += int(client.lrem("celery", 1, text))
+    except redis.RedisError:
+        return removed
+    return removed
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+def mb_per_s(size: int, seconds: float) -> float:
+    return size / 1e6 / seconds if seconds > 0 else float("inf")
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    import boto3
+
+    aws = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+    os.environ.update(aws)
+    moto_tmp = work / "moto-tmp"
+    moto_tmp.mkdir()
+    moto_log = (work / "moto.log").open("wb")
+    moto = subprocess.Popen(
+        [sys.executable, "-c", MOTO_SERVER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=moto_log,
+        env={**os.environ, "TMPDIR": str(moto_tmp)},
+    )
+    server: subprocess.Popen[bytes] | None = None
+    try:
+        assert moto.stdout is not None
+        endpoint = f"http://127.0.0.1:{int(moto.stdout.readline())}"
+        s3 = boto3.session.Session().client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        s3.create_bucket(Bucket=BUCKET)
+
+        print("checking a small copy of the model with onnx.checker and ONNX Runtime ...", flush=True)
+        check_small_copy(work / "small")
+        size = args.size_mb * MIB
+        print(f"writing a {args.size_mb} MiB model to {work / 'model'} ...", flush=True)
+        digests = write_model(work / "model", size)
+        files = [work / "model" / "model.onnx", work / "model" / "weights.bin"]
+        total = sum(path.stat().st_size for path in files)
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MODELYARD_")}
+        env.update(aws)
+        env.update(
+            {
+                "MODELYARD_DATA_DIR": str(work / "data"),
+                "MODELYARD_STORAGE_URL": f"s3://{BUCKET}/bench",
+                "MODELYARD_S3_ENDPOINT_URL": endpoint,
+                "MODELYARD_S3_ADDRESSING_STYLE": "path",
+                "MODELYARD_S3_REGION": "us-east-1",
+                "MODELYARD_MAX_UPLOAD_BYTES": str(total * 2 + 10 * MIB),
+                "MODELYARD_BROKER_URL": BROKER_URL,
+                "MODELYARD_LOG_LEVEL": "WARNING",
+            }
+        )
+        if args.chunk_mb:
+            env["MODELYARD_S3_MULTIPART_CHUNK_MB"] = str(args.chunk_mb)
+        if args.concurrency:
+            env["MODELYARD_S3_MAX_CONCURRENCY"] = str(args.concurrency)
+        modelyard = str(BIN / "modelyard")
+        created = subprocess.run(
+            [modelyard, "createtoken", "bench", "--create-user", "--role", "admin"],
+            env=env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        token = created.stdout.strip().splitlines()[-1]
+
+        port = free_port()
+        server_log = work / "server.log"
+        with server_log.open("wb") as log:
+            server = subprocess.Popen(
+                [modelyard, "serve", "--port", str(port), "--log-level", "warning"],
+                env=env,
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        wait_for_server(port, token, server, server_log)
+        status, body = request(port, "POST", "/api/v1/models", token, {"name": MODEL_NAME})
+        assert status == 201, (status, body)
+        rss_idle = rss_bytes(server.pid)
+
+        # A small upload first, so one-time imports and boto3's thread pools are not counted as growth.
+        status, body, _ = stream_upload(
+            port, token, MODEL_NAME, [work / "small" / "model.onnx", work / "small" / "weights.bin"]
+        )
+        assert status == 201, (status, body)
+        time.sleep(0.5)
+
+        rss_before = rss_bytes(server.pid)
+        sampler = RssSampler(server.pid)
+        sampler.start()
+        print(f"uploading {total / 1e6:.0f} MB through Modelyard (server pid {server.pid}) ...", flush=True)
+        started = time.monotonic()
+        status, body, _ = stream_upload(port, token, MODEL_NAME, files)
+        upload_s = time.monotonic() - started
+        time.sleep(0.3)
+        sampler.stop()
+        rss_after = rss_bytes(server.pid)
+        hwm = rss_bytes(server.pid, "VmHWM")
+        if status != 201:
+            raise RuntimeError(f"upload failed: {status} {body}\n{server_log.read_text()[-4000:]}")
+        stored = {f["name"]: f for f in body["files"]}
+        for name, digest in digests.items():
+            assert stored[name]["sha256"] == digest, (name, stored[name], digest)
+        listing = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"bench/artifacts/{MODEL_NAME}/")
+        uploads: dict[str, dict[str, int]] = {}
+        for item in listing.get("Contents", []):
+            folder, name = item["Key"].rsplit("/", 1)
+            uploads.setdefault(folder, {})[name] = item["Size"]
+        expected = {path.name: path.stat().st_size for path in files}
+        assert expected in uploads.values(), (expected, uploads)
+        stop_process(server)
+        dropped = drop_queued_messages(server.pid)
+        server = None
+
+        print("uploading the same files with boto3 upload_file ...", flush=True)
+        started = time.monotonic()
+        for path in files:
+            s3.upload_file(str(path), BUCKET, f"boto3/{path.name}")
+        boto3_s = time.monotonic() - started
+        head = s3.head_object(Bucket=BUCKET, Key="boto3/weights.bin")
+        assert head["ContentLength"] == files[1].stat().st_size
+
+        modelyard_rate = mb_per_s(total, upload_s)
+        boto3_rate = mb_per_s(total, boto3_s)
+        return {
+            "size_mb": args.size_mb,
+            "bytes": total,
+            "server": {
+                "s3_multipart_chunk_mb": int(env.get("MODELYARD_S3_MULTIPART_CHUNK_MB", "8")),
+                "s3_max_concurrency": int(env.get("MODELYARD_S3_MAX_CONCURRENCY", "4")),
+                "validation": f"queued on {BROKER_URL} (not run; {dropped} message(s) removed afterwards)",
+            },
+            "rss_idle_bytes": rss_idle,
+            "rss_before_bytes": rss_before,
+            "rss_peak_sampled_bytes": sampler.peak,
+            "rss_hwm_bytes": hwm,
+            "rss_after_bytes": rss_after,
+            "rss_growth_bytes": max(sampler.peak, hwm) - rss_before,
+            "rss_samples": len(sampler.samples),
+            "rss_timeline_mb": [[round(t, 2), round(rss / 1e6, 1)] for t, rss in sampler.samples[::10]],
+            "rss_limit_bytes": RSS_LIMIT_BYTES,
+            "version": {"version": body["version"], "status": body["status"], "sha256": body["sha256"]},
+            "modelyard_seconds": upload_s,
+            "modelyard_mb_per_s": modelyard_rate,
+            "boto3_seconds": boto3_s,
+            "boto3_mb_per_s": boto3_rate,
+            "ratio_modelyard_to_boto3": modelyard_rate / boto3_rate,
+        }
+    finally:
+        if server is not None:
+            stop_process(server)
+            drop_queued_messages(server.pid)
+        if moto.stdin:
+            moto.stdin.close()
+        try:
+            moto.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            moto.kill()
+            moto.wait()
+        moto_log.close()
+
+
+def report(result: dict[str, Any]) -> None:
+    mb = 1e6
+    growth = result["rss_growth_bytes"]
+    rows = [
+        ("payload", f"{result['bytes'] / mb:,.1f} MB (model.onnx + weights.bin)"),
+        (
+            "server S3 settings",
+            "chunk {s3_multipart_chunk_mb} MiB, concurrency {s3_max_concurrency}".format(**result["server"]),
+        ),
+        ("server RSS idle", f"{result['rss_idle_bytes'] / mb:,.1f} MB"),
+        ("server RSS before", f"{result['rss_before_bytes'] / mb:,.1f} MB (after a small warm-up upload)"),
+        ("server RSS peak (50 ms)", f"{result['rss_peak_sampled_bytes'] / mb:,.1f} MB"),
+        ("server VmHWM", f"{result['rss_hwm_bytes'] / mb:,.1f} MB"),
+        ("server RSS after", f"{result['rss_after_bytes'] / mb:,.1f} MB"),
+        (
+            "server RSS growth",
+            f"{growth / mb:,.1f} MB ({'OK' if growth < RSS_LIMIT_BYTES else 'OVER'} the 100 MB limit)",
+        ),
+        ("modelyard upload", f"{result['modelyard_seconds']:.1f} s, {result['modelyard_mb_per_s']:.1f} MB/s"),
+        ("boto3 upload_file", f"{result['boto3_seconds']:.1f} s, {result['boto3_mb_per_s']:.1f} MB/s"),
+        ("ratio modelyard / boto3", f"{result['ratio_modelyard_to_boto3']:.2f}"),
+        ("version", f"{result['version']['version']} ({result['version']['status']})"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    print()
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value}")
+    print()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mb", type=int, default=1024, help="size of weights.bin in MiB (default 1024)")
+    parser.add_argument("--chunk-mb", type=int, default=0, help="MODELYARD_S3_MULTIPART_CHUNK_MB for the server")
+    parser.add_argument("--concurrency", type=int, default=0, help="MODELYARD_S3_MAX_CONCURRENCY for the server")
+    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "upload.json")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, model)")
+    args = parser.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="modelyard-bench-upload-"))
+    try:
+        result = run(args, work)
+    except BaseException:
+        print(f"failed; logs are in {work}", file=sys.stderr)
+        args.keep = True
+        raise
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    report(result)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.output}")
+    return 0 if result["rss_growth_bytes"] < RSS_LIMIT_BYTES else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
