@@ -1,173 +1,257 @@
-"""The /v2 data plane: a bare Starlette app in front of the in-memory routing table.
+"""The /v2 data plane: the Open Inference Protocol (KServe v2) with Triton's binary tensor extension.
 
-It never queries the database per request. This first cut serves health, readiness and JSON
-inference; the full Open Inference Protocol (binary tensors, metadata, batching) builds on it.
+A bare Starlette app in front of the in-memory routing table; it never queries the database
+per request. ``{m}`` alone means the ``production`` alias; ``{v}`` is a version number or the
+name of a served alias. Each loaded version has its own dynamic batcher.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
+import weakref
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import anyio
-import numpy as np
 from django.conf import settings
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from inference import metrics
 from inference.auth import TokenCache
+from inference.batcher import Batcher, Overloaded, RequestTimeout
+from inference.protocol import HEADER_LENGTH, ProtocolError, decode_request, decompress, encode_response
 from inference.runtime import InferenceRuntime, LoadedVersion, NotLoaded
 
-NUMPY_OF = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-    "BYTES": np.object_,
-}
-PROTOCOL_OF = {np.dtype(v).str: k for k, v in NUMPY_OF.items() if v is not np.object_}
+PLATFORM = "onnxruntime_onnx"
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters"]
+MAX_BODY_BYTES = 1 << 31
 
 
-class InferError(Exception):
-    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers or {}
+def _server_version() -> str:
+    try:
+        return version("modelyard")
+    except PackageNotFoundError:
+        return "0"
 
 
-def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+def can_batch(signature: dict[str, Any]) -> bool:
+    """A model batches when every input and output has a dynamic first dimension."""
+    specs = signature.get("inputs", []) + signature.get("outputs", [])
+    return bool(specs) and all(s.get("shape") and s["shape"][0] == -1 for s in specs)
+
+
+def error(status: int, message: str, *, retry_after: bool = False) -> JSONResponse:
+    headers = {"Retry-After": "1"} if retry_after else None
     return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-def _to_array(spec: dict[str, Any], expected: dict[str, Any]) -> np.ndarray:
-    name = spec.get("name")
-    datatype = spec.get("datatype")
-    shape = spec.get("shape")
-    if datatype != expected["datatype"]:
-        raise InferError(400, f"input '{name}': expected datatype {expected['datatype']}, got {datatype}")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise InferError(400, f"input '{name}': shape must be a list of non-negative integers, got {shape!r}")
-    want = expected.get("shape")
-    if want is not None and (
-        len(want) != len(shape) or any(w != -1 and w != s for w, s in zip(want, shape, strict=True))
-    ):
-        raise InferError(400, f"input '{name}': expected shape {want}, got {shape}")
-    try:
-        array: np.ndarray = np.asarray(spec.get("data"), dtype=NUMPY_OF[datatype])
-    except (TypeError, ValueError) as exc:
-        raise InferError(400, f"input '{name}': data does not fit {datatype}: {exc}") from exc
-    count = int(np.prod(shape)) if shape else 1
-    if array.size != count:
-        raise InferError(400, f"input '{name}': shape {shape} needs {count} values, got {array.size}")
-    return array.reshape(shape)
+_TRITON_TYPES = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL"}
 
 
-def _output(name: str, value: np.ndarray) -> dict[str, Any]:
-    datatype = "BYTES" if value.dtype == np.object_ else PROTOCOL_OF.get(value.dtype.str, str(value.dtype))
-    data = value.flatten().tolist()
-    if datatype == "BYTES":
-        data = [v.decode() if isinstance(v, bytes) else v for v in data]
-    return {"name": name, "datatype": datatype, "shape": list(value.shape), "data": data}
+def _config_tensor(spec: dict[str, Any], batched: bool) -> dict[str, Any]:
+    shape = spec.get("shape") or []
+    datatype = spec["datatype"]
+    return {
+        "name": spec["name"],
+        "data_type": _TRITON_TYPES.get(datatype, f"TYPE_{datatype}"),
+        "dims": shape[1:] if batched else shape,
+    }
 
 
 def build_app(runtime: InferenceRuntime) -> Starlette:
     tokens = TokenCache()
+    batchers: weakref.WeakKeyDictionary[LoadedVersion, Batcher] = weakref.WeakKeyDictionary()
 
     async def authorised(request: Request) -> bool:
         if settings.INFERENCE_PUBLIC:
             return True
-        header = request.headers.get("authorization", "")
-        scheme, _, raw = header.partition(" ")
-        if scheme.lower() != "bearer" or not raw:
+        scheme, _, raw = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not raw.strip():
             return False
         verdict = tokens.cached(raw.strip())
         if verdict is None:
             verdict = await anyio.to_thread.run_sync(tokens.check, raw.strip())
         return verdict
 
+    def resolve(request: Request) -> LoadedVersion | JSONResponse:
+        model = request.path_params["model"]
+        ref = request.path_params.get("version")
+        loaded = runtime.router.resolve(model, ref)
+        if loaded is not None:
+            return loaded
+        if model not in runtime.router.table and model not in runtime.known_models():
+            return error(404, f"unknown model '{model}'")
+        if ref is not None and ref not in runtime.known_refs(model):
+            return error(404, f"model '{model}' has no served version or alias '{ref}'")
+        what = f"model '{model}'" + (f" version '{ref}'" if ref else "")
+        return error(503, f"{what} is not loaded yet", retry_after=True)
+
+    def batcher_for(loaded: LoadedVersion) -> Batcher:
+        batcher = batchers.get(loaded)
+        if batcher is None:
+            spec = loaded.spec
+            batcher = Batcher(
+                lambda feeds: dict(zip(loaded.output_names, loaded.run(feeds), strict=True)),
+                batching=can_batch(spec.signature),
+                max_batch_size=spec.max_batch_size,
+                max_queue_delay_us=spec.max_queue_delay_us,
+                max_queue_size=spec.max_queue_size,
+                on_batch=lambda requests, rows: metrics.BATCH_SIZE.labels(spec.model).observe(requests),
+            )
+            batchers[loaded] = batcher
+        return batcher
+
+    # --- health and metadata --------------------------------------------------------------------
+
+    async def server_metadata(request: Request) -> Response:
+        return JSONResponse({"name": "modelyard", "version": _server_version(), "extensions": EXTENSIONS})
+
     async def live(request: Request) -> Response:
         return JSONResponse({"live": True})
 
     async def ready(request: Request) -> Response:
-        return JSONResponse({"ready": True})
+        if runtime.ready:
+            return JSONResponse({"ready": True})
+        return JSONResponse({"ready": False}, status_code=503)
 
-    async def infer(request: Request) -> Response:
+    async def model_metadata(request: Request) -> Response:
         if not await authorised(request):
             return error(401, "a bearer token with the inference role is required")
-        model = request.path_params["model"]
-        ref = request.path_params.get("version")
-        try:
-            body = json.loads(await request.body())
-        except ValueError as exc:
-            return error(400, f"the request body is not valid JSON: {exc}")
-        try:
-            return JSONResponse(await _infer(model, ref, body))
-        except InferError as exc:
-            return error(exc.status, exc.message, exc.headers)
+        found = resolve(request)
+        if isinstance(found, JSONResponse):
+            return found
+        spec = found.spec
+        versions = sorted({v.spec.version for v in runtime.router.table.get(spec.model, {}).values()})
+        return JSONResponse(
+            {
+                "name": spec.model,
+                "versions": [str(v) for v in versions] if "version" not in request.path_params else [str(spec.version)],
+                "platform": PLATFORM,
+                "inputs": spec.signature.get("inputs", []),
+                "outputs": spec.signature.get("outputs", []),
+            }
+        )
 
-    async def _infer(model: str, ref: str | None, body: Any) -> dict[str, Any]:
-        if not isinstance(body, dict) or not isinstance(body.get("inputs"), list):
-            raise InferError(400, "the request needs an 'inputs' list")
+    async def model_ready(request: Request) -> Response:
+        if not await authorised(request):
+            return error(401, "a bearer token with the inference role is required")
+        found = resolve(request)
+        if isinstance(found, JSONResponse):
+            return found
+        return JSONResponse({"name": found.spec.model, "version": str(found.spec.version), "ready": True})
+
+    async def model_config(request: Request) -> Response:
+        if not await authorised(request):
+            return error(401, "a bearer token with the inference role is required")
+        found = resolve(request)
+        if isinstance(found, JSONResponse):
+            return found
+        spec = found.spec
+        batched = can_batch(spec.signature)
+        config: dict[str, Any] = {
+            "name": spec.model,
+            "platform": PLATFORM,
+            "backend": "onnxruntime",
+            "version_policy": {"specific": {"versions": [spec.version]}},
+            "max_batch_size": spec.max_batch_size if batched else 0,
+            "input": [_config_tensor(s, batched) for s in spec.signature.get("inputs", [])],
+            "output": [_config_tensor(s, batched) for s in spec.signature.get("outputs", [])],
+            "instance_group": [{"kind": "KIND_GPU" if "CUDA" in found.provider else "KIND_CPU", "count": 1}],
+            "parameters": {"execution_provider": {"string_value": found.provider}},
+        }
+        if batched:
+            config["dynamic_batching"] = {
+                "max_queue_delay_microseconds": spec.max_queue_delay_us,
+                "default_queue_policy": {"max_queue_size": spec.max_queue_size},
+            }
+        return JSONResponse(config)
+
+    # --- inference --------------------------------------------------------------------------------
+
+    async def infer(request: Request) -> Response:
+        model = request.path_params["model"]
+        with metrics.LATENCY.labels(model).time():
+            response = await _infer(request)
+        metrics.REQUESTS.labels(model, str(response.status_code)).inc()
+        return response
+
+    async def _infer(request: Request) -> Response:
+        if not await authorised(request):
+            return error(401, "a bearer token with the inference role is required")
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
+            return error(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
+        body = await request.body()
         for _attempt in range(3):
-            loaded = runtime.router.resolve(model, ref)
-            if loaded is None:
-                raise InferError(
-                    404 if model not in runtime.router.table else 503,
-                    f"model '{model}'" + (f" version '{ref}'" if ref else "") + " is not served here",
-                )
+            found = resolve(request)
+            if isinstance(found, JSONResponse):
+                return found
             try:
-                loaded.acquire()
+                found.acquire()
             except NotLoaded:
                 continue  # swapped out between resolve and acquire: take the new route
             try:
-                return await anyio.to_thread.run_sync(_run, loaded, body)
+                return await _run(request, found, body)
             finally:
-                loaded.release()
-        raise InferError(503, f"model '{model}' is being reloaded; retry", {"Retry-After": "1"})
+                found.release()
+        return error(503, "the model is being reloaded; retry", retry_after=True)
 
-    def _run(loaded: LoadedVersion, body: dict[str, Any]) -> dict[str, Any]:
-        expected = {spec["name"]: spec for spec in loaded.spec.signature.get("inputs", [])}
-        feeds = {}
-        for spec in body["inputs"]:
-            if not isinstance(spec, dict) or spec.get("name") not in expected:
-                raise InferError(400, f"unknown input {spec.get('name') if isinstance(spec, dict) else spec!r}")
-            feeds[spec["name"]] = _to_array(spec, expected[spec["name"]])
-        missing = sorted(expected.keys() - feeds.keys())
-        if missing:
-            raise InferError(400, f"missing input(s): {', '.join(missing)}")
-        names = [o["name"] for o in loaded.spec.signature.get("outputs", [])]
-        wanted = [o.get("name") for o in body.get("outputs") or []] or names
-        unknown = [n for n in wanted if n not in names]
-        if unknown:
-            raise InferError(400, f"unknown output(s): {', '.join(map(str, unknown))}")
+    async def _run(request: Request, loaded: LoadedVersion, body: bytes) -> Response:
+        spec = loaded.spec
         try:
-            values = loaded.run(feeds, wanted)
-        except Exception as exc:  # ONNX Runtime rejected the data
-            raise InferError(400, f"inference failed: {exc}") from exc
-        response = {
-            "model_name": loaded.spec.model,
-            "model_version": str(loaded.spec.version),
-            "outputs": [_output(n, v) for n, v in zip(wanted, values, strict=True)],
-        }
-        if "id" in body:
-            response["id"] = body["id"]
-        return response
+            body = decompress(body, request.headers.get("content-encoding", ""))
+            decoded = decode_request(body, request.headers.get(HEADER_LENGTH), spec.signature)
+            future = batcher_for(loaded).submit(
+                decoded.inputs, priority=decoded.priority, timeout_us=decoded.timeout_us
+            )
+        except ProtocolError as exc:
+            return error(exc.status, exc.message)
+        except Overloaded as exc:
+            return error(503, f"model '{spec.model}' is overloaded: {exc}", retry_after=True)
+        disconnect: asyncio.Future[Any] = asyncio.ensure_future(_client_gone(request))
+        try:
+            done, _ = await asyncio.wait([future, disconnect], return_when=asyncio.FIRST_COMPLETED)
+            if future not in done:
+                future.cancel()  # the client went away: drop the request before it runs
+                return Response(status_code=499)
+            values = future.result()
+        except RequestTimeout as exc:
+            return error(504, f"{exc} (timeout {decoded.timeout_us} us)")
+        except Exception as exc:  # noqa: BLE001 - ORT refused these inputs
+            return error(400, f"inference failed: {exc}")
+        finally:
+            disconnect.cancel()
+        payload, headers = encode_response(model=spec.model, version=str(spec.version), request=decoded, values=values)
+        return Response(payload, headers=headers)
 
+    async def _client_gone(request: Request) -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    async def prometheus(request: Request) -> Response:
+        for loaded, batcher in list(batchers.items()):
+            metrics.QUEUE_DEPTH.labels(loaded.spec.model, str(loaded.spec.version)).set(batcher.queued)
+        payload, content_type = metrics.render()
+        return Response(payload, media_type=content_type)
+
+    model = "/v2/models/{model}"
+    versioned = "/v2/models/{model}/versions/{version}"
     routes = [
+        Route("/v2", server_metadata),
         Route("/v2/health/live", live),
         Route("/v2/health/ready", ready),
-        Route("/v2/models/{model}/infer", infer, methods=["POST"]),
-        Route("/v2/models/{model}/versions/{version}/infer", infer, methods=["POST"]),
+        Route("/metrics", prometheus),
     ]
+    for prefix in (model, versioned):
+        routes += [
+            Route(prefix, model_metadata),
+            Route(f"{prefix}/ready", model_ready),
+            Route(f"{prefix}/config", model_config),
+            Route(f"{prefix}/infer", infer, methods=["POST"]),
+        ]
     return Starlette(routes=routes)

@@ -44,6 +44,9 @@ class VersionSpec:
     model_file: str
     signature: dict[str, Any]
     strategy: str
+    max_batch_size: int = 32
+    max_queue_delay_us: int = 1000
+    max_queue_size: int = 1024
 
 
 @dataclass
@@ -63,6 +66,7 @@ class LoadedVersion:
         self.load_seconds = load_seconds
         self.memory_bytes = memory_bytes
         self.state = "ready"
+        self.output_names = [output.name for output in session.get_outputs()]
         self._inflight = 0
         self._closed = False
         self._cond = threading.Condition()
@@ -160,6 +164,9 @@ def fetch_desired_state() -> DesiredState:
             model_file=model_file,
             signature=version.signature,
             strategy=alias.model.serving_strategy,
+            max_batch_size=alias.model.max_batch_size,
+            max_queue_delay_us=alias.model.max_queue_delay_us,
+            max_queue_size=alias.model.max_queue_size,
         )
         routes.setdefault(alias.model.name, {})[alias.name] = version.pk
     return DesiredState(versions=versions, routes=routes)
@@ -184,6 +191,7 @@ class InferenceRuntime:
         self._lock = threading.RLock()
         self._threads: list[threading.Thread] = []
         self._last_heartbeat = 0.0
+        self._passes = 0
         self._last_snapshot: list[dict[str, Any]] = []
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -207,6 +215,22 @@ class InferenceRuntime:
 
     def wake(self) -> None:
         self._wake.set()
+
+    @property
+    def ready(self) -> bool:
+        """True once the first reconcile pass has read the desired state."""
+        return self._passes > 0
+
+    def known_models(self) -> set[str]:
+        return set(self._desired.routes)
+
+    def known_refs(self, model: str) -> set[str]:
+        """Alias names and version numbers this process is meant to serve for ``model``."""
+        aliases = self._desired.routes.get(model, {})
+        numbers = {
+            str(self._desired.versions[vid].version) for vid in aliases.values() if vid in self._desired.versions
+        }
+        return set(aliases) | numbers
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -251,6 +275,7 @@ class InferenceRuntime:
             desired = self._desired
         with self._lock:
             self._desired = desired
+            self._passes += 1
             self._collect_finished_loads()
             self._start_loads(desired)
             self._switch_routes(desired)
