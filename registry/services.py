@@ -63,17 +63,27 @@ def model_create(*, name: str, description: str = "", tags: Sequence[str] = (), 
     return model
 
 
+EDITABLE_MODEL_FIELDS = (
+    "description",
+    "tags",
+    "serving_strategy",
+    "max_batch_size",
+    "max_queue_delay_us",
+    "max_queue_size",
+)
+
+
 @transaction.atomic(durable=True)
-def model_update(
-    *, model: RegisteredModel, description: str | None = None, tags: Sequence[str] | None = None, actor: Actor
-) -> RegisteredModel:
+def model_update(*, model: RegisteredModel, actor: Actor, **changes: Any) -> RegisteredModel:
+    """Edit the description, tags and serving settings; unknown fields are a programming error."""
+    unknown = set(changes) - set(EDITABLE_MODEL_FIELDS)
+    if unknown:
+        raise TypeError(f"model_update() got unexpected fields {sorted(unknown)}")
     model = RegisteredModel.objects.select_for_update().get(pk=model.pk)
-    before = {"description": model.description, "tags": model.tags}
-    if description is not None:
-        model.description = description
-    if tags is not None:
-        model.tags = list(tags)
-    model.save(update_fields=["description", "tags", "updated_at"])
+    before = {name: getattr(model, name) for name in changes}
+    for name, value in changes.items():
+        setattr(model, name, list(value) if name == "tags" else value)
+    model.save(update_fields=[*changes, "updated_at"])
     audit_record(
         actor=actor,
         action="model.update",
@@ -81,7 +91,7 @@ def model_update(
         target=model.name,
         model_name=model.name,
         before=before,
-        after={"description": model.description, "tags": model.tags},
+        after={name: getattr(model, name) for name in changes},
     )
     return model
 

@@ -12,7 +12,19 @@ class ModelSerializer(serializers.ModelSerializer[RegisteredModel]):
 
     class Meta:
         model = RegisteredModel
-        fields = ["name", "description", "tags", "last_version", "created_by", "created_at", "updated_at"]
+        fields = [
+            "name",
+            "description",
+            "tags",
+            "serving_strategy",
+            "max_batch_size",
+            "max_queue_delay_us",
+            "max_queue_size",
+            "last_version",
+            "created_by",
+            "created_at",
+            "updated_at",
+        ]
         read_only_fields = fields
 
 
@@ -37,6 +49,10 @@ class ModelCreateInput(serializers.Serializer[Any]):
 class ModelUpdateInput(serializers.Serializer[Any]):
     description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
     tags = TagsField(required=False)
+    serving_strategy = serializers.ChoiceField(choices=["blue-green", "replace"], required=False)
+    max_batch_size = serializers.IntegerField(min_value=1, max_value=4096, required=False)
+    max_queue_delay_us = serializers.IntegerField(min_value=0, max_value=10_000_000, required=False)
+    max_queue_size = serializers.IntegerField(min_value=1, max_value=1_000_000, required=False)
 
 
 class FileSerializer(serializers.ModelSerializer[ModelFile]):

@@ -125,3 +125,32 @@ def test_schema_and_docs_are_served(outsider):
     assert schema.status_code == 200
     assert b"/api/v1/models/{name}/versions" in schema.content
     assert outsider.client.get("/api/docs/").status_code == 200
+
+
+def test_patch_serving_settings(owner, registered):
+    response = owner.patch(
+        f"/api/v1/models/{registered}",
+        {"serving_strategy": "replace", "max_batch_size": 64, "max_queue_delay_us": 500, "max_queue_size": 10},
+    )
+    assert response.status_code == 200
+    model = RegisteredModel.objects.get(name=registered)
+    assert (model.serving_strategy, model.max_batch_size, model.max_queue_delay_us, model.max_queue_size) == (
+        "replace",
+        64,
+        500,
+        10,
+    )
+    event = AuditEvent.objects.get(action="model.update")
+    assert event.before == {
+        "serving_strategy": "blue-green",
+        "max_batch_size": 32,
+        "max_queue_delay_us": 1000,
+        "max_queue_size": 1024,
+    }
+
+
+def test_patch_bad_serving_settings_is_400(owner, registered):
+    response = owner.patch(f"/api/v1/models/{registered}", {"serving_strategy": "yolo", "max_batch_size": 0})
+    assert response.status_code == 400
+    assert response.json()["detail"].keys() == {"serving_strategy", "max_batch_size"}
+    assert RegisteredModel.objects.get(name=registered).serving_strategy == "blue-green"
