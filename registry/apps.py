@@ -4,3 +4,10 @@ from django.apps import AppConfig
 class RegistryConfig(AppConfig):
     name = "registry"
     verbose_name = "Model registry"
+
+    def ready(self) -> None:
+        from django.contrib.auth.signals import user_login_failed
+
+        from registry.audit import on_user_login_failed
+
+        user_login_failed.connect(on_user_login_failed, dispatch_uid="registry.audit.login_failed")

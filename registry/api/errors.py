@@ -6,9 +6,11 @@ from typing import Any
 
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions
+from rest_framework.permissions import SAFE_METHODS
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from registry.audit import audit_access_denied, audit_token_rejected
 from registry.errors import ApiError
 from storage import StorageError
 
@@ -45,7 +47,18 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     else:
         message = _MESSAGES.get(type(exc)) or _summarise(getattr(exc, "detail", str(exc)))
         response.data = {"error": message, "detail": None}
+    _audit_refusal(exc, response, context.get("request"))
     return response
+
+
+def _audit_refusal(exc: Exception, response: Response, request: Any) -> None:
+    """Rejected tokens and refused writes leave an audit event; a refused read does not."""
+    if request is None:
+        return
+    if isinstance(exc, exceptions.AuthenticationFailed):
+        audit_token_rejected(request=request, reason=response.data["error"])
+    elif response.status_code == 403 and request.method not in SAFE_METHODS:
+        audit_access_denied(request=request, reason=response.data["error"])
 
 
 def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:

@@ -1,0 +1,269 @@
+"""Audit review for auditors: list with filters, streaming export, and chain verification."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any, cast
+
+from asgiref.sync import sync_to_async
+from django.db.models import QuerySet
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import serializers
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.pagination import CursorPagination
+from rest_framework.permissions import BasePermission
+from rest_framework.renderers import BaseRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from registry.audit import audit_event_list
+from registry.audit_verify import audit_verify
+from registry.auth import has_role
+from registry.models import AuditEvent, Role
+
+# Rows fetched per database round trip and written per streamed chunk.
+EXPORT_CHUNK = 2000
+# Field name in the database, column name in exports (the same names the hash covers).
+EXPORT_COLUMNS = [
+    ("seq", "seq"),
+    ("at", "at"),
+    ("actor", "actor"),
+    ("actor_id", "actor_id"),
+    ("token_id", "token_id"),
+    ("action", "action"),
+    ("target_type", "target_type"),
+    ("target", "target"),
+    ("model_name", "model"),
+    ("before", "before"),
+    ("after", "after"),
+    ("ip", "ip"),
+    ("user_agent", "user_agent"),
+    ("request_id", "request_id"),
+    ("prev_hash", "prev_hash"),
+    ("hash", "hash"),
+]
+
+
+class IsAuditor(BasePermission):
+    """Only auditors and admins read the audit log, whatever the method."""
+
+    message = "reading the audit log needs the auditor or admin role"
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return bool(request.user and request.user.is_authenticated and has_role(request.user, Role.AUDITOR))
+
+
+class IsoTimeField(serializers.DateTimeField):
+    """An ISO 8601 time; a '+' offset that arrived unescaped in a query string (as a space) still parses."""
+
+    def to_internal_value(self, value: Any) -> Any:
+        try:
+            return super().to_internal_value(value)
+        except serializers.ValidationError:
+            if isinstance(value, str) and " " in value.strip():
+                return super().to_internal_value(value.strip().replace(" ", "+"))
+            raise
+
+
+class AuditFilterInput(serializers.Serializer[Any]):
+    actor = serializers.CharField(default="", allow_blank=True, max_length=150)
+    action = serializers.CharField(default="", allow_blank=True, max_length=64)
+    model = serializers.CharField(default="", allow_blank=True, max_length=64)
+    since = IsoTimeField(default=None)
+    until = IsoTimeField(default=None)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if attrs["since"] is not None and attrs["until"] is not None and attrs["since"] >= attrs["until"]:
+            raise serializers.ValidationError({"until": "must be later than since"})
+        return attrs
+
+
+FILTER_PARAMETERS = [
+    OpenApiParameter("actor", str, description="exact username, or 'system' / 'anonymous'"),
+    OpenApiParameter("action", str, description="exact action, or a prefix ending in '.' such as 'version.'"),
+    OpenApiParameter("model", str, description="model name"),
+    OpenApiParameter("since", OpenApiTypes.DATETIME, description="ISO 8601 time, inclusive"),
+    OpenApiParameter("until", OpenApiTypes.DATETIME, description="ISO 8601 time, exclusive"),
+]
+
+
+def _validated(request: Request, serializer_class: type[AuditFilterInput]) -> dict[str, Any]:
+    data = serializer_class(data=request.query_params)
+    data.is_valid(raise_exception=True)
+    return dict(data.validated_data)
+
+
+def _events(filters: dict[str, Any]) -> QuerySet[AuditEvent]:
+    return audit_event_list(**{key: filters[key] for key in ("actor", "action", "model", "since", "until")})
+
+
+class AuditEventSerializer(serializers.ModelSerializer[AuditEvent]):
+    model = serializers.CharField(source="model_name", read_only=True)
+
+    class Meta:
+        model = AuditEvent
+        fields = [column for _, column in EXPORT_COLUMNS]
+        read_only_fields = fields
+
+
+class AuditPagination(CursorPagination):
+    """Cursor pages over ``seq``: stable while new events arrive, and no COUNT over a huge table."""
+
+    ordering = "-seq"
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+    def get_ordering(self, request: Request, queryset: Any, view: Any) -> tuple[str, ...]:
+        return (getattr(view, "audit_ordering", self.ordering),)
+
+
+class AuditList(APIView):
+    permission_classes = [IsAuditor]
+
+    class InputSerializer(AuditFilterInput):
+        order = serializers.ChoiceField(
+            choices=["-seq", "seq"], default="-seq", error_messages={"invalid_choice": "use -seq or seq"}
+        )
+
+    @extend_schema(
+        parameters=[
+            *FILTER_PARAMETERS,
+            OpenApiParameter("order", str, enum=["-seq", "seq"], description="newest first (default) or oldest"),
+            OpenApiParameter("page_size", int, description="events per page, at most 500"),
+            OpenApiParameter("cursor", str, description="from a previous page's next or previous link"),
+        ],
+        responses=AuditEventSerializer(many=True),
+    )
+    def get(self, request: Request) -> Response:
+        filters = _validated(request, self.InputSerializer)
+        self.audit_ordering = filters["order"]
+        paginator = AuditPagination()
+        page = paginator.paginate_queryset(_events(filters), request, view=self)
+        return paginator.get_paginated_response(AuditEventSerializer(page, many=True).data)
+
+
+class IgnoreFormatParameter(DefaultContentNegotiation):
+    """Here ``?format=`` names the export's file type, not a DRF renderer; errors always render as JSON."""
+
+    def select_renderer(
+        self, request: Request, renderers: Iterable[BaseRenderer], format_suffix: str | None = None
+    ) -> tuple[BaseRenderer, str]:
+        renderer = next(iter(renderers))
+        return renderer, str(renderer.media_type)
+
+
+class StreamingExportResponse(StreamingHttpResponse):
+    """Streams a sync iterator one chunk at a time under ASGI too.
+
+    Django's own ASGI path reads a sync iterator into a list before sending the first byte.
+    """
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        parts = iter(cast(Iterable[bytes], self.streaming_content))
+        # thread_sensitive (the default) keeps every chunk on the request's thread and its database cursor.
+        pull = sync_to_async(_next_or_none)
+        while (part := await pull(parts)) is not None:
+            yield part
+
+
+def _next_or_none(parts: Iterator[bytes]) -> bytes | None:
+    return next(parts, None)
+
+
+def _export_rows(events: QuerySet[AuditEvent]) -> Iterator[tuple[Any, ...]]:
+    fields = [field for field, _ in EXPORT_COLUMNS]
+    yield from events.order_by("seq").values_list(*fields).iterator(chunk_size=EXPORT_CHUNK)
+
+
+def _csv_chunks(events: QuerySet[AuditEvent]) -> Iterator[bytes]:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow([column for _, column in EXPORT_COLUMNS])
+    for count, row in enumerate(_export_rows(events), start=1):
+        writer.writerow([_csv_cell(value) for value in row])
+        if count % EXPORT_CHUNK == 0:
+            yield _drain(buffer)
+    yield _drain(buffer)
+
+
+def _csv_cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, dict | list):
+        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return value
+
+
+def _jsonl_chunks(events: QuerySet[AuditEvent]) -> Iterator[bytes]:
+    columns = [column for _, column in EXPORT_COLUMNS]
+    buffer = io.StringIO()
+    for count, row in enumerate(_export_rows(events), start=1):
+        record = dict(zip(columns, row, strict=True))
+        record["at"] = record["at"].isoformat()
+        buffer.write(json.dumps(record, sort_keys=True, separators=(",", ":"), default=str))
+        buffer.write("\n")
+        if count % EXPORT_CHUNK == 0:
+            yield _drain(buffer)
+    yield _drain(buffer)
+
+
+def _drain(buffer: io.StringIO) -> bytes:
+    data = buffer.getvalue().encode()
+    buffer.seek(0)
+    buffer.truncate()
+    return data
+
+
+EXPORTS = {
+    "csv": ("text/csv; charset=utf-8", _csv_chunks),
+    "jsonl": ("application/x-ndjson", _jsonl_chunks),
+}
+
+
+class AuditExport(APIView):
+    permission_classes = [IsAuditor]
+    content_negotiation_class = IgnoreFormatParameter
+
+    class InputSerializer(AuditFilterInput):
+        format = serializers.ChoiceField(
+            choices=list(EXPORTS), error_messages={"invalid_choice": "use csv or jsonl", "required": "use csv or jsonl"}
+        )
+
+    @extend_schema(
+        parameters=[*FILTER_PARAMETERS, OpenApiParameter("format", str, enum=list(EXPORTS), required=True)],
+        responses={(200, "text/csv"): OpenApiTypes.STR, (200, "application/x-ndjson"): OpenApiTypes.STR},
+    )
+    def get(self, request: Request) -> StreamingExportResponse:
+        filters = _validated(request, self.InputSerializer)
+        content_type, chunks = EXPORTS[filters["format"]]
+        response = StreamingExportResponse(chunks(_events(filters)), content_type=content_type)
+        response["Content-Disposition"] = f'attachment; filename="audit.{filters["format"]}"'
+        return response
+
+
+class AuditVerify(APIView):
+    permission_classes = [IsAuditor]
+
+    @extend_schema(
+        responses={
+            200: {
+                "type": "object",
+                "properties": {
+                    "ok": {"type": "boolean"},
+                    "checked": {"type": "integer"},
+                    "first_bad_seq": {"type": "integer", "nullable": True},
+                    "reason": {"type": "string"},
+                },
+            }
+        }
+    )
+    def get(self, request: Request) -> Response:
+        return Response(audit_verify().as_dict())
