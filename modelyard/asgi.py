@@ -11,12 +11,16 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "modelyard.settings")
-django_app = get_asgi_application()
+django.setup(set_prefix=False)
 
-from django.conf import settings  # noqa: E402  (after Django is set up)
+from modelyard.streaming import StreamingASGIHandler  # noqa: E402  (after Django is set up)
+
+django_app = StreamingASGIHandler()
+
+from django.conf import settings  # noqa: E402
 
 runtime: Any = None
 data_plane: Any = None

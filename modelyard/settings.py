@@ -128,6 +128,8 @@ S3_MULTIPART_CHUNK_MB = env_int("MODELYARD_S3_MULTIPART_CHUNK_MB", 8, minimum=5)
 S3_MAX_CONCURRENCY = env_int("MODELYARD_S3_MAX_CONCURRENCY", 4, minimum=1)
 
 MAX_UPLOAD_BYTES = env_int("MODELYARD_MAX_UPLOAD_BYTES", 8 * 1024**3, minimum=1)
+# Every other request body (JSON, forms) is refused past this size before it is read.
+MAX_REQUEST_BODY_BYTES = env_int("MODELYARD_MAX_REQUEST_BODY_BYTES", 16 * 1024**2, minimum=1024)
 # Uploaded files are spooled to disk as they arrive; nothing over this stays in memory.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 FILE_UPLOAD_TEMP_DIR = env_str("MODELYARD_UPLOAD_TEMP_DIR") or None

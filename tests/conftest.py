@@ -87,3 +87,18 @@ def _fresh_storage(tmp_path: Any, settings: Any) -> Iterator[None]:
     get_storage.cache_clear()
     yield
     get_storage.cache_clear()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_stray_connections(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """Servers that tests run in threads keep database connections; end them so the test database drops."""
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
