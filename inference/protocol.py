@@ -18,6 +18,7 @@ import numpy as np
 HEADER_LENGTH = "inference-header-content-length"
 MAX_ELEMENTS = 1 << 31
 MAX_DECOMPRESSED = 1 << 31
+MAX_UINT64 = (1 << 64) - 1  # Triton's priority and timeout are uint64
 
 NUMPY_OF: dict[str, Any] = {
     "BOOL": np.bool_,
@@ -90,7 +91,9 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
             length = int(header_length)
         except ValueError:
             raise ProtocolError(f"Inference-Header-Content-Length must be an integer, got {header_length!r}") from None
-        if length < 0 or length > len(body):
+        if length < 0:
+            raise ProtocolError(f"Inference-Header-Content-Length must not be negative, got {length}")
+        if length > len(body):
             raise ProtocolError(f"Inference-Header-Content-Length is {length} but the body has only {len(body)} bytes")
         json_part, binary = body[:length], memoryview(body)[length:]
     try:
@@ -107,11 +110,14 @@ def _shape(name: str, shape: Any) -> list[int]:
         raise ProtocolError(f"input '{name}': shape must be a list of integers, got {shape!r}")
     if any(d < 0 for d in shape):
         raise ProtocolError(f"input '{name}': shape {shape} has a negative dimension")
-    count = 1
-    for d in shape:
-        count *= d
-    if count > MAX_ELEMENTS:
-        raise ProtocolError(f"input '{name}': shape {shape} has more than {MAX_ELEMENTS} elements")
+    if 0 not in shape:
+        count = 1
+        for d in shape:
+            count *= d
+            if count > MAX_ELEMENTS:
+                raise ProtocolError(f"input '{name}': shape {shape} has more than {MAX_ELEMENTS} elements")
+    if any(d > MAX_ELEMENTS for d in shape):  # even beside a 0, numpy cannot shape an array like that
+        raise ProtocolError(f"input '{name}': shape {shape} has a dimension larger than {MAX_ELEMENTS}")
     return shape
 
 
@@ -129,8 +135,23 @@ def _decode_bytes_elements(name: str, raw: memoryview, count: int) -> np.ndarray
         offset += size
     if len(values) != count:
         raise ProtocolError(f"input '{name}': shape needs {count} BYTES elements, got {len(values)}")
-    array = np.empty(count, dtype=object)
-    array[:] = values
+    return _string_array(name, values)
+
+
+def _string_array(name: str, values: list[Any]) -> np.ndarray:
+    """An object array of ``str``: ONNX Runtime turns a ``bytes`` element into its repr ("b'...'")."""
+    array = np.empty(len(values), dtype=object)
+    for index, value in enumerate(values):
+        if isinstance(value, bytes):
+            try:
+                value = value.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ProtocolError(
+                    f"input '{name}': BYTES element {index} is not valid UTF-8, which ONNX Runtime string tensors need"
+                ) from None
+        elif not isinstance(value, str):
+            raise ProtocolError(f"input '{name}': BYTES data must be strings, got {type(value).__name__}")
+        array[index] = value
     return array
 
 
@@ -138,12 +159,7 @@ def _from_json_data(name: str, datatype: str, data: Any, count: int) -> np.ndarr
     if data is None:
         raise ProtocolError(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
     if datatype == "BYTES":
-        flat = np.asarray(data, dtype=object).reshape(-1)
-        array = np.empty(flat.size, dtype=object)
-        array[:] = [v.encode() if isinstance(v, str) else v for v in flat]
-        for value in array:
-            if not isinstance(value, bytes):
-                raise ProtocolError(f"input '{name}': BYTES data must be strings, got {type(value).__name__}")
+        array = _string_array(name, list(np.asarray(data, dtype=object).reshape(-1)))
     else:
         try:
             array = np.asarray(data, dtype=NUMPY_OF[datatype]).reshape(-1)
@@ -152,6 +168,15 @@ def _from_json_data(name: str, datatype: str, data: Any, count: int) -> np.ndarr
     if array.size != count:
         raise ProtocolError(f"input '{name}': shape needs {count} values, got {array.size}")
     return array
+
+
+def _parameters(item: dict[str, Any], what: str) -> dict[str, Any]:
+    parameters = item.get("parameters")
+    if parameters is None:
+        return {}
+    if not isinstance(parameters, dict):
+        raise ProtocolError(f"{what}: 'parameters' must be an object, got {parameters!r}")
+    return parameters
 
 
 def decode_request(body: bytes, header_length: str | None, signature: dict[str, Any]) -> InferRequest:
@@ -172,7 +197,7 @@ def decode_request(body: bytes, header_length: str | None, signature: dict[str, 
         if name in inputs:
             raise ProtocolError(f"input '{name}' appears twice")
         datatype = item.get("datatype")
-        if datatype not in NUMPY_OF:
+        if not isinstance(datatype, str) or datatype not in NUMPY_OF:
             raise ProtocolError(f"input '{name}': unknown datatype {datatype!r}")
         if datatype != spec["datatype"]:
             raise ProtocolError(f"input '{name}': expected datatype {spec['datatype']}, got {datatype}")
@@ -183,9 +208,9 @@ def decode_request(body: bytes, header_length: str | None, signature: dict[str, 
         ):
             raise ProtocolError(f"input '{name}': expected shape {want}, got {shape}")
         count = int(np.prod(shape)) if shape else 1
-        size = (item.get("parameters") or {}).get("binary_data_size")
+        size = _parameters(item, f"input '{name}'").get("binary_data_size")
         if size is not None:
-            if not isinstance(size, int) or size < 0:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise ProtocolError(f"input '{name}': binary_data_size must be a non-negative integer")
             if offset + size > len(binary):
                 raise ProtocolError(
@@ -213,7 +238,8 @@ def decode_request(body: bytes, header_length: str | None, signature: dict[str, 
     if missing:
         raise ProtocolError(f"missing input(s): {', '.join(missing)}")
 
-    parameters = header.get("parameters") or {}
+    parameters = header.get("parameters")
+    parameters = {} if parameters is None else parameters
     if not isinstance(parameters, dict):
         raise ProtocolError("'parameters' must be an object")
     names = [spec["name"] for spec in signature.get("outputs", [])]
@@ -230,14 +256,16 @@ def decode_request(body: bytes, header_length: str | None, signature: dict[str, 
                 name = item.get("name") if isinstance(item, dict) else item
                 raise ProtocolError(f"unknown output {name!r}; the model gives {', '.join(names)}")
             outputs.append(item["name"])
-            if (item.get("parameters") or {}).get("binary_data", binary_all):
+            if _parameters(item, f"output '{item['name']}'").get("binary_data", binary_all):
                 binary_outputs.add(item["name"])
     request_id = header.get("id")
     priority = parameters.get("priority", 0)
     timeout = parameters.get("timeout")
-    if not isinstance(priority, int) or priority < 0:
+    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= MAX_UINT64:
         raise ProtocolError(f"parameters.priority must be a non-negative integer, got {priority!r}")
-    if timeout is not None and (not isinstance(timeout, int) or timeout < 0):
+    if timeout is not None and (
+        not isinstance(timeout, int) or isinstance(timeout, bool) or not 0 <= timeout <= MAX_UINT64
+    ):
         raise ProtocolError(f"parameters.timeout must be a non-negative integer (microseconds), got {timeout!r}")
     return InferRequest(
         id=None if request_id is None else str(request_id),

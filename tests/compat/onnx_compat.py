@@ -1,0 +1,113 @@
+"""ONNX models for the protocol compatibility tests, built with onnx.helper (IR version 10, opset 17)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+IR = 10
+OPSET = 17
+
+# Every Open Inference Protocol datatype that ONNX Runtime supports, with its ONNX element type.
+DATATYPES: dict[str, int] = {
+    "BOOL": TensorProto.BOOL,
+    "UINT8": TensorProto.UINT8,
+    "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32,
+    "UINT64": TensorProto.UINT64,
+    "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16,
+    "INT32": TensorProto.INT32,
+    "INT64": TensorProto.INT64,
+    "FP16": TensorProto.FLOAT16,
+    "FP32": TensorProto.FLOAT,
+    "FP64": TensorProto.DOUBLE,
+    "BYTES": TensorProto.STRING,
+}
+
+
+def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
+    model = helper.make_model(
+        graph, ir_version=IR, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="modelyard-compat"
+    )
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def all_datatypes_model() -> onnx.ModelProto:
+    """One input ``in_<type>`` and one output ``out_<type>`` of shape [N, 3] per datatype.
+
+    Each row is reversed (a negative-step Slice), so every output differs from its input; numbers
+    are then doubled (``Add(r, r)``, wrapping like the integer type does), booleans negated, and
+    strings passed through reversed.
+    """
+    inits = [
+        numpy_helper.from_array(np.array([-1], np.int64), "starts"),
+        numpy_helper.from_array(np.array([-(2**62)], np.int64), "ends"),
+        numpy_helper.from_array(np.array([1], np.int64), "axes"),
+        numpy_helper.from_array(np.array([-1], np.int64), "steps"),
+    ]
+    nodes, inputs, outputs = [], [], []
+    for datatype, elem in DATATYPES.items():
+        name = datatype.lower()
+        inputs.append(helper.make_tensor_value_info(f"in_{name}", elem, ["N", 3]))
+        outputs.append(helper.make_tensor_value_info(f"out_{name}", elem, ["N", 3]))
+        reversed_ = f"reversed_{name}"
+        nodes.append(helper.make_node("Slice", [f"in_{name}", "starts", "ends", "axes", "steps"], [reversed_]))
+        if datatype == "BOOL":
+            nodes.append(helper.make_node("Not", [reversed_], [f"out_{name}"]))
+        elif datatype == "BYTES":
+            nodes.append(helper.make_node("Identity", [reversed_], [f"out_{name}"]))
+        else:
+            nodes.append(helper.make_node("Add", [reversed_, reversed_], [f"out_{name}"]))
+    return _model(helper.make_graph(nodes, "all_datatypes", inputs, outputs, inits))
+
+
+def multi_io_dynamic_model() -> onnx.ModelProto:
+    """Three inputs and four outputs with dynamic dimensions; batches on N.
+
+    a FP32 [N, M], b INT64 [N, 2], text BYTES [N]  ->
+    a_plus_one FP32 [N, M] = a + 1, a_positive BOOL [N, M] = a > 0,
+    b_sum INT64 [N, 1] = sum of b's row, text_out BYTES [N] = text.
+    """
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", "M"])
+    b = helper.make_tensor_value_info("b", TensorProto.INT64, ["N", 2])
+    text = helper.make_tensor_value_info("text", TensorProto.STRING, ["N"])
+    outputs = [
+        helper.make_tensor_value_info("a_plus_one", TensorProto.FLOAT, ["N", "M"]),
+        helper.make_tensor_value_info("a_positive", TensorProto.BOOL, ["N", "M"]),
+        helper.make_tensor_value_info("b_sum", TensorProto.INT64, ["N", 1]),
+        helper.make_tensor_value_info("text_out", TensorProto.STRING, ["N"]),
+    ]
+    inits = [
+        numpy_helper.from_array(np.array(1, np.float32), "one"),
+        numpy_helper.from_array(np.array(0, np.float32), "zero"),
+        numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+    ]
+    nodes = [
+        helper.make_node("Add", ["a", "one"], ["a_plus_one"]),
+        helper.make_node("Greater", ["a", "zero"], ["a_positive"]),
+        helper.make_node("ReduceSum", ["b", "axis1"], ["b_sum"], keepdims=1),
+        helper.make_node("Identity", ["text"], ["text_out"]),
+    ]
+    return _model(helper.make_graph(nodes, "multi_io_dynamic", [a, b, text], outputs, inits))
+
+
+def add_model(bias: float) -> onnx.ModelProto:
+    """y = x + bias, x FP32 [N, 4]."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    b = numpy_helper.from_array(np.full([4], bias, dtype=np.float32), "b")
+    return _model(helper.make_graph([helper.make_node("Add", ["x", "b"], ["y"])], "add", [x], [y], [b]))
+
+
+def fixed_shape_model() -> onnx.ModelProto:
+    """No batch dimension: s = a + 1 (INT64 [2, 3]) and t = Cast(b) (BOOL [n] -> FP32 [n])."""
+    a = helper.make_tensor_value_info("a", TensorProto.INT64, [2, 3])
+    b = helper.make_tensor_value_info("b", TensorProto.BOOL, ["n"])
+    s = helper.make_tensor_value_info("s", TensorProto.INT64, [2, 3])
+    t = helper.make_tensor_value_info("t", TensorProto.FLOAT, ["n"])
+    one = numpy_helper.from_array(np.array(1, dtype=np.int64), "one")
+    nodes = [helper.make_node("Add", ["a", "one"], ["s"]), helper.make_node("Cast", ["b"], ["t"], to=TensorProto.FLOAT)]
+    return _model(helper.make_graph(nodes, "fixed", [a, b], [s, t], [one]))
