@@ -80,6 +80,151 @@ def createtoken(args: argparse.Namespace) -> int:
     return 0
 
 
+DEMO_MODEL = "demo"
+
+
+def demo(args: argparse.Namespace) -> int:
+    """Register a generated model (y = 2x + 1), serve it on ``production``, print a curl and a tritonclient example.
+
+    Talks only to the database and storage, so it works beside a running ``modelyard serve``; run
+    twice, it finds its user, token, model and version again and changes nothing.
+    """
+    _setup()
+    import hashlib
+    import io
+    import logging
+    import time
+    import uuid
+    from datetime import timedelta
+
+    import numpy as np
+    from django.conf import settings
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from django.utils import timezone
+    from onnx import TensorProto, helper, numpy_helper
+
+    from registry import promotions, services
+    from registry.audit import Actor
+    from registry.auth import authenticate_token
+    from registry.errors import Conflict
+    from registry.models import Alias, InferenceWorker, PromotionRequest, PromotionState, RegisteredModel, Role
+    from registry.models import VersionStatus as Status
+    from registry.work import upload_key_prefix
+    from storage import get_storage
+
+    call_command("migrate", interactive=False, verbosity=0)
+    for noisy in ("celery", "kombu"):  # in-process validation logs every task; the newcomer needs none of it
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+
+    # The same bytes on every run, so a second run finds its version by sha256.
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "two"], ["twice"]), helper.make_node("Add", ["twice", "one"], ["y"])],
+        "demo",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("two", 2), ("one", 1))],
+    )
+    opsets = [helper.make_opsetid("", 17)]
+    data = helper.make_model(
+        graph, ir_version=10, opset_imports=opsets, producer_name="modelyard-demo"
+    ).SerializeToString()
+    sha256 = hashlib.sha256(data).hexdigest()
+
+    # An admin token for user "demo", kept in the data folder so that a second run prints the same one.
+    token_file = settings.DATA_DIR / "demo-token"
+    raw = token_file.read_text().strip() if token_file.exists() else ""
+    token = authenticate_token(raw) if raw else None
+    if token is None:
+        token, raw = services.token_create(username="demo", create_user=True, roles=[Role.ADMIN], name="modelyard demo")
+        token_file.write_text(raw + "\n")
+        token_file.chmod(0o600)
+    owner = Actor(user=token.user, token_id=token.pk, label="demo")
+    approver_user = get_user_model().objects.filter(username="demo-approver").first()
+    if approver_user is None:  # production is protected: a second person approves the promotion
+        unused, _ = services.token_create(username="demo-approver", create_user=True, roles=[Role.APPROVER])
+        services.token_revoke(token=unused, actor=owner)
+        approver_user = unused.user
+    approver = Actor(user=approver_user, label="demo-approver")
+
+    model = RegisteredModel.objects.filter(name=DEMO_MODEL).first() or services.model_create(
+        name=DEMO_MODEL, description="y = 2x + 1, registered by `modelyard demo`", tags=["demo"], actor=owner
+    )
+    version = model.versions.filter(sha256=sha256).exclude(status=Status.FAILED).order_by("-version").first()
+    if version is None:
+        written = get_storage().write(f"{upload_key_prefix(model.name, uuid.uuid4().hex)}/model.onnx", io.BytesIO(data))
+        stored = services.StoredFile(
+            name="model.onnx", storage_key=written.key, sha256=written.sha256, size_bytes=len(data)
+        )
+        version = services.version_create(model=model, files=[stored], description="modelyard demo", actor=owner)
+    deadline = time.monotonic() + 120  # embedded mode validates at once; with a broker a worker does
+    while version.status in (Status.PENDING, Status.VALIDATING) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        version.refresh_from_db()
+    if version.status != Status.READY:
+        hint = " (is a worker running? `modelyard worker`)" if version.status == Status.PENDING else ""
+        print(f"modelyard demo: version {version.version} is {version.status}{hint}: {version.errors}", file=sys.stderr)
+        return 1
+
+    alias = Alias.objects.get(model=model, name=promotions.PRODUCTION)
+    if alias.version_id != version.pk:
+        try:
+            pending = PromotionRequest.objects.filter(
+                alias=alias, version=version, state=PromotionState.PENDING
+            ).first()
+            if pending is None:
+                pending = promotions.alias_set(
+                    model=model, alias_name=alias.name, version_number=version.version, actor=owner, reason="demo"
+                ).promotion
+            if pending is not None:
+                promotions.promotion_approve(promotion_id=pending.pk, actor=approver, reason="demo")
+        except Conflict as exc:
+            print(f"modelyard demo: cannot promote version {version.version}: {exc}", file=sys.stderr)
+            return 1
+    print(f"Model '{model.name}' version {version.version} (y = 2x + 1) is on the production alias.")
+
+    # A running inference server picks the alias up within its poll interval; wait for its heartbeat to say so.
+    recent = timezone.now() - timedelta(seconds=max(30.0, 3 * settings.FLEET_HEARTBEAT_SECONDS))
+    if InferenceWorker.objects.filter(heartbeat_at__gte=recent).exists():
+        deadline = time.monotonic() + max(30.0, 3 * settings.RECONCILE_POLL_SECONDS)
+        serving = False
+        while not serving and time.monotonic() < deadline:
+            serving = any(
+                row.get("model") == model.name and row.get("version") == version.version and row.get("state") == "ready"
+                for worker in InferenceWorker.objects.filter(heartbeat_at__gte=recent)
+                for row in worker.loaded
+            )
+            if not serving:
+                time.sleep(0.5)
+        print(
+            "The running inference server has loaded it." if serving else "The inference server has not loaded it yet."
+        )
+    else:
+        print("No inference server is running: start one in another terminal with `make run` (or `modelyard serve`).")
+
+    url = args.url.rstrip("/")
+    host = url.split("://", 1)[-1]
+    body = '{"inputs":[{"name":"x","datatype":"FP32","shape":[1,4],"data":[1,2,3,4]}]}'
+    print(f"\nAPI token for user 'demo' (admin): {raw}\n")
+    print("Try it with curl (JSON tensors):\n")
+    print(f"curl -s -X POST {url}/v2/models/{model.name}/infer -H 'Authorization: Bearer {raw}' -d '{body}'")
+    answer = '"outputs":[{"name":"y","datatype":"FP32","shape":[1,4],"data":[3.0,5.0,7.0,9.0]}]'
+    print(f'\n  -> {{"model_name":"{model.name}","model_version":"{version.version}",{answer}}}')
+    print("\nOr with tritonclient (pip install 'tritonclient[http]'; binary tensors):\n")
+    print(
+        f"""import numpy as np
+import tritonclient.http as httpclient
+
+client = httpclient.InferenceServerClient("{host}")
+x = np.array([[1, 2, 3, 4]], dtype=np.float32)
+inputs = [httpclient.InferInput("x", list(x.shape), "FP32")]
+inputs[0].set_data_from_numpy(x)
+result = client.infer("{model.name}", inputs, headers={{"Authorization": "Bearer {raw}"}})
+print(result.as_numpy("y"))  # [[3. 5. 7. 9.]]"""
+    )
+    return 0
+
+
 def manage(args: argparse.Namespace) -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "modelyard.settings")
     from django.core.management import execute_from_command_line
@@ -116,6 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", action="append", default=[], help="grant a role (repeatable)")
     p.add_argument("--name", default="", help="a label for the token")
     p.set_defaults(func=createtoken)
+
+    p = sub.add_parser("demo", help="register and serve a small model, then print curl and tritonclient examples")
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="where `modelyard serve` listens")
+    p.set_defaults(func=demo)
 
     p = sub.add_parser("manage", help="run a Django management command")
     p.add_argument("manage_args", nargs=argparse.REMAINDER)
