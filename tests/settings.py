@@ -8,6 +8,6 @@ os.environ.setdefault("MODELYARD_DATA_DIR", tempfile.mkdtemp(prefix="modelyard-t
 os.environ.pop("MODELYARD_BROKER_URL", None)
 os.environ.pop("MODELYARD_STORAGE_URL", None)
 
-from modelyard.settings import *  # noqa: E402,F403
+from modelyard.settings import *  # noqa: F403
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
