@@ -154,3 +154,10 @@ def test_patch_bad_serving_settings_is_400(owner, registered):
     assert response.status_code == 400
     assert response.json()["detail"].keys() == {"serving_strategy", "max_batch_size"}
     assert RegisteredModel.objects.get(name=registered).serving_strategy == "blue-green"
+
+
+def test_home_page_links_the_docs(client, owner, registered):
+    response = client.get("/")
+    assert response.status_code == 200
+    assert b'href="/api/docs/"' in response.content
+    assert b"1 model, 0 versions registered" in response.content
