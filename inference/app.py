@@ -102,7 +102,20 @@ def build_app(runtime: InferenceRuntime) -> Starlette:
                 on_batch=lambda requests, rows: metrics.BATCH_SIZE.labels(spec.model).observe(requests),
             )
             batchers[loaded] = batcher
+            # The batcher's closure holds ``loaded``, so the weak key alone would never let go of either:
+            # retire both (the batcher's thread and task included) once the version is drained and released.
+            loop = asyncio.get_running_loop()
+            loaded.on_close(lambda: loop.call_soon_threadsafe(_retire, loaded))
         return batcher
+
+    def _retire(loaded: LoadedVersion) -> None:
+        batcher = batchers.pop(loaded, None)
+        if batcher is not None:
+            batcher.close()
+        try:
+            metrics.QUEUE_DEPTH.remove(loaded.spec.model, str(loaded.spec.version))
+        except KeyError:  # never scraped while it served
+            pass
 
     # --- health and metadata --------------------------------------------------------------------
 

@@ -48,20 +48,33 @@ class ArtifactCache:
         root.mkdir(parents=True, exist_ok=True)
 
     def bundle(self, sha256: str, files: Iterable[CachedFile]) -> Path:
-        """Return the bundle folder with every file present and verified, downloading what is missing."""
+        """Return the bundle folder with every file present and verified, downloading what is missing.
+
+        Every file is hashed on every call. A cached copy that no longer matches (a damaged disk, a
+        hand edit) is deleted and downloaded again; bytes fresh from storage that do not match raise
+        :class:`HashMismatch`, and are deleted so that they are never used.
+        """
         folder = self.root / sha256
         folder.mkdir(parents=True, exist_ok=True)
         for item in files:
             path = folder / item.name
-            if not path.exists():
-                self._download(item, path)
+            if path.exists():
+                actual = sha256_of(path)
+                if actual == item.sha256:
+                    continue
+                logger.warning("cached %s is corrupt (sha256 %s); downloading it again", path, actual)
+                path.unlink(missing_ok=True)
+            self._download(item, path)
             actual = sha256_of(path)
             if actual != item.sha256:
                 path.unlink(missing_ok=True)  # a corrupt copy is never reused
                 raise HashMismatch(
                     f"sha256 mismatch for {item.name}: storage holds {actual}, the registry recorded {item.sha256}"
                 )
-        os.utime(folder)  # the bundle's mtime is its last use, for LRU eviction
+        # The bundle's mtime is its last use, for LRU eviction. Set it from the fine clock: a bare
+        # utime() takes the kernel's coarse one, which gives uses milliseconds apart the same time.
+        now = time.time_ns()
+        os.utime(folder, ns=(now, now))
         return folder
 
     def _download(self, item: CachedFile, path: Path) -> None:
@@ -79,12 +92,15 @@ class ArtifactCache:
         with self._lock:
             bundles = []
             for folder in self.root.iterdir():
-                if folder.is_dir():
-                    size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
-                    bundles.append((folder.stat().st_mtime, folder, size))
+                try:  # a load may be writing or replacing files in a folder right now
+                    if folder.is_dir():
+                        size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
+                        bundles.append((folder.stat().st_mtime_ns, folder, size))
+                except FileNotFoundError:
+                    continue
             total = sum(size for _, _, size in bundles)
             removed = []
-            for _, folder, size in sorted(bundles, key=lambda b: b[0]):
+            for _, folder, size in sorted(bundles, key=lambda b: (b[0], b[1].name)):
                 if total <= self.max_bytes:
                     break
                 if folder.name in keep:

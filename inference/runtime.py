@@ -13,6 +13,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,17 +60,27 @@ class DesiredState:
 class LoadedVersion:
     """One loaded ONNX Runtime session, with an in-flight counter so it can be drained before release."""
 
-    def __init__(self, spec: VersionSpec, session: Any, provider: str, load_seconds: float, memory_bytes: int) -> None:
+    def __init__(
+        self,
+        spec: VersionSpec,
+        session: Any,
+        provider: str,
+        load_seconds: float,
+        memory_bytes: int,
+        note: str = "",
+    ) -> None:
         self.spec = spec
         self.session = session
         self.provider = provider
         self.load_seconds = load_seconds
         self.memory_bytes = memory_bytes
+        self.note = note  # e.g. why the session fell back to the CPU
         self.state = "ready"
         self.output_names = [output.name for output in session.get_outputs()]
         self._inflight = 0
         self._closed = False
         self._cond = threading.Condition()
+        self._on_close: list[Callable[[], object]] = []
 
     def acquire(self) -> None:
         with self._cond:
@@ -86,6 +97,14 @@ class LoadedVersion:
     def run(self, feeds: dict[str, Any], output_names: list[str] | None = None) -> list[Any]:
         return self.session.run(output_names, feeds)
 
+    def on_close(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` (from the draining thread) once the session has been dropped."""
+        with self._cond:
+            if not self._closed:
+                self._on_close.append(callback)
+                return
+        callback()
+
     def drain_and_close(self, timeout: float) -> bool:
         """Wait for requests in flight, then drop the session; returns False if the wait timed out."""
         with self._cond:
@@ -93,11 +112,22 @@ class LoadedVersion:
             drained = self._cond.wait_for(lambda: self._inflight == 0, timeout=timeout)
             self._closed = True
             self.session = None
+            self.state = "closed"
+            callbacks, self._on_close = self._on_close, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:  # a clean-up hook must not stop the others
+                logger.exception("clean-up after unloading %s v%s failed", self.spec.model, self.spec.version)
         return drained
 
     @property
     def inflight(self) -> int:
         return self._inflight
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
 
 class Router:
@@ -192,6 +222,7 @@ class InferenceRuntime:
         self._threads: list[threading.Thread] = []
         self._last_heartbeat = 0.0
         self._passes = 0
+        self._synced = False
         self._last_snapshot: list[dict[str, Any]] = []
 
     # --- lifecycle ---------------------------------------------------------------------------
@@ -218,8 +249,12 @@ class InferenceRuntime:
 
     @property
     def ready(self) -> bool:
-        """True once the first reconcile pass has read the desired state."""
-        return self._passes > 0
+        """True once the desired state has been read and each of its versions loaded or tried once.
+
+        A process that has just started therefore takes no traffic before its models are in
+        memory; later swaps never make it unready again.
+        """
+        return self._synced
 
     def known_models(self) -> set[str]:
         return set(self._desired.routes)
@@ -237,11 +272,23 @@ class InferenceRuntime:
     def _reconcile_loop(self) -> None:
         try:
             while not self._stop.is_set():
-                self.reconcile_once()
-                self._wake.wait(settings.RECONCILE_POLL_SECONDS)
+                # Cleared before the pass, so a wake-up that arrives during it is not lost.
                 self._wake.clear()
+                try:
+                    self.reconcile_once()
+                except Exception:  # the loop must outlive any one bad pass
+                    logger.exception("reconcile pass failed; retrying")
+                    self._close_connection()
+                self._wake.wait(settings.RECONCILE_POLL_SECONDS)
         finally:
+            self._close_connection()
+
+    @staticmethod
+    def _close_connection() -> None:
+        try:
             connection.close()
+        except DatabaseError as exc:  # a connection broken by an outage may fail to close
+            logger.debug("closing the database connection failed: %s", exc)
 
     def _listen_loop(self) -> None:
         from registry import notify
@@ -259,10 +306,11 @@ class InferenceRuntime:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30)
             finally:
-                connection.close()
+                self._close_connection()
 
     def reconcile_once(self) -> None:
         """One pass: read the desired state, start or finish loads, switch routes, release leftovers."""
+        fresh = True
         try:
             close_old_connections()
             desired = fetch_desired_state()
@@ -271,14 +319,19 @@ class InferenceRuntime:
             # Keep serving what we have; try again on the next pass.
             self.status.db_error = f"database unreachable: {exc}".strip()
             logger.warning("%s", self.status.db_error)
-            connection.close()
-            desired = self._desired
+            self._close_connection()
+            desired, fresh = self._desired, False
         with self._lock:
             self._desired = desired
             self._passes += 1
             self._collect_finished_loads()
+            # A version no longer wanted forgets its failures: if it is promoted again, it loads at once.
+            for version_id in [vid for vid in self.status.failures if vid not in desired.versions]:
+                del self.status.failures[version_id]
             self._start_loads(desired)
             self._switch_routes(desired)
+            if fresh and not self._synced:
+                self._synced = all(vid in self.loaded or vid in self.status.failures for vid in desired.versions)
         self._heartbeat_if_due()
 
     def _start_loads(self, desired: DesiredState) -> None:
@@ -310,6 +363,7 @@ class InferenceRuntime:
             built.provider,
             load_seconds=time.perf_counter() - started,
             memory_bytes=max(0, _rss_bytes() - rss_before),
+            note=built.note,
         )
         logger.info("loaded %s v%s on %s in %.2fs", spec.model, spec.version, built.provider, loaded.load_seconds)
         return loaded
@@ -356,7 +410,9 @@ class InferenceRuntime:
         self.router = Router(table)  # the atomic switch
         for version_id in leftovers:
             self._release(self.loaded.pop(version_id))
-        self.cache.evict(keep={v.spec.sha256 for v in self.loaded.values()})
+        # Never evict what serves, nor a bundle that a load in the background is still reading.
+        keep = {v.spec.sha256 for v in self.loaded.values()} | {s.sha256 for s in self.status.loading.values()}
+        self.cache.evict(keep=keep)
 
     def _unload_other_versions(self, model: str, keep: set[int]) -> None:
         """The replace strategy: free the model's old sessions before loading the new one (brief 503s)."""
@@ -387,6 +443,8 @@ class InferenceRuntime:
                 for name, loaded in routes.items():
                     if not name.isdigit():
                         aliases_of.setdefault(loaded.spec.version_id, []).append(name)
+            failures = self.status.failures
+            # "attempts" counts failed loads so far; "note" says why a session runs on another provider.
             rows = [
                 {
                     "model": v.spec.model,
@@ -397,6 +455,8 @@ class InferenceRuntime:
                     "load_seconds": round(v.load_seconds, 3),
                     "memory_bytes": v.memory_bytes,
                     "provider": v.provider,
+                    "note": v.note,
+                    "attempts": 0,
                 }
                 for vid, v in self.loaded.items()
             ]
@@ -406,14 +466,16 @@ class InferenceRuntime:
                     "version": s.version,
                     "aliases": [],
                     "state": "loading",
-                    "error": "",
+                    "error": failures[vid].error if vid in failures else "",
                     "load_seconds": None,
                     "memory_bytes": None,
                     "provider": "",
+                    "note": "",
+                    "attempts": failures[vid].attempts if vid in failures else 0,
                 }
-                for s in self.status.loading.values()
+                for vid, s in self.status.loading.items()
             ]
-            for version_id, failure in self.status.failures.items():
+            for version_id, failure in failures.items():
                 spec = self._desired.versions.get(version_id)
                 if spec is not None and version_id not in self.status.loading:
                     rows.append(
@@ -426,6 +488,8 @@ class InferenceRuntime:
                             "load_seconds": None,
                             "memory_bytes": None,
                             "provider": "",
+                            "note": "",
+                            "attempts": failure.attempts,
                         }
                     )
         return sorted(rows, key=lambda r: (r["model"], r["version"]))
@@ -459,4 +523,4 @@ class InferenceRuntime:
             self._last_snapshot = snapshot
         except DatabaseError as exc:
             logger.warning("fleet heartbeat failed: %s", exc)
-            connection.close()
+            self._close_connection()

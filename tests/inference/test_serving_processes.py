@@ -1,0 +1,436 @@
+"""Real ``modelyard serve`` processes: swaps under load, several processes on one database, a database outage.
+
+The inference processes run ``python -m modelyard.cli serve --role inference`` against the test database
+(or, for the outage, a PostgreSQL server this test starts and stops itself) and the test's artifact folder.
+Their reconcile loops wake on PostgreSQL NOTIFY and poll every 0.5 s. Everything is killed at the end.
+"""
+
+from __future__ import annotations
+
+import glob
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+from django.conf import settings as django_settings
+
+from registry.models import InferenceWorker
+from tests.inference.conftest import (
+    ServeProcess,
+    answered_bias,
+    artifact_path,
+    base_env,
+    create_model,
+    eventually,
+    free_port,
+    infer_body,
+    promote,
+    set_alias,
+    set_served,
+    subprocess_database_url,
+    upload_versions,
+)
+from tests.onnx_models import add_model_bytes
+
+INFER = "/v2/models/demo/infer"
+STAGING = "/v2/models/demo/versions/staging/infer"
+
+
+def inference_env(name: str, data_dir: Path, database_url: str, storage: Path) -> dict[str, str]:
+    return base_env(
+        MODELYARD_DATABASE_URL=database_url,
+        MODELYARD_STORAGE_URL=storage.as_uri(),
+        MODELYARD_DATA_DIR=str(data_dir),
+        MODELYARD_INFERENCE_PUBLIC="true",
+        MODELYARD_RECONCILE_POLL_SECONDS="0.5",
+        MODELYARD_FLEET_HEARTBEAT_SECONDS="0.5",
+        MODELYARD_WORKER_ID=name,
+        MODELYARD_PROVIDERS="cpu",
+        MODELYARD_ORT_INTRA_OP_THREADS="1",
+    )
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[Callable[..., ServeProcess]]:
+    """Start serve processes on the test database and artifact folder; all are killed at the end."""
+    started: list[ServeProcess] = []
+
+    def start(
+        name: str,
+        *,
+        role: str = "inference",
+        storage: Path | None = None,
+        database_url: str | None = None,
+        args: tuple[str, ...] = (),
+        wait: bool = True,
+    ) -> ServeProcess:
+        env = inference_env(
+            name,
+            tmp_path / f"{name}-data",
+            database_url or subprocess_database_url(),
+            storage or Path(django_settings.STORAGE.path),
+        )
+        server = ServeProcess(name, role, env, tmp_path / f"{name}.log", args=args)
+        started.append(server)
+        if wait:
+            server.wait_ready()
+        return server
+
+    yield start
+    for server in started:
+        server.kill()
+
+
+def infer(server: ServeProcess, x: np.ndarray, path: str = INFER) -> tuple[int, Any]:
+    return server.request("POST", path, infer_body(x))
+
+
+def serves(server: ServeProcess, version: int, path: str = INFER) -> bool:
+    """True when ``server`` answers ``path`` with ``version`` (whose bias is its number)."""
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    status, body = infer(server, x, path)
+    if status != 200:
+        return False
+    return body["model_version"] == str(version) and answered_bias(x, body) == float(version)
+
+
+def serves_both(server: ServeProcess, version: int) -> bool:
+    return serves(server, version) and serves(server, version, STAGING)
+
+
+def fleet_rows(worker_id: str) -> list[dict[str, Any]]:
+    worker = InferenceWorker.objects.filter(worker_id=worker_id).first()
+    return worker.loaded if worker else []
+
+
+# --- A swap under constant load -----------------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    client: int
+    sent: float
+    received: float
+    status: int
+    version: str
+    bias: float | None
+    error: str = ""
+
+
+class LoadClients:
+    """Client threads, each on one keep-alive connection, sending /v2 infer requests back to back."""
+
+    def __init__(self, port: int, clients: int) -> None:
+        self.port = port
+        self.answers: list[Answer] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)]
+
+    def __enter__(self) -> LoadClients:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
+
+    def count(self, client: int, version: str) -> int:
+        with self._lock:
+            return sum(1 for a in self.answers if a.client == client and a.version == version)
+
+    def _run(self, client: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        seq = 0
+        while not self._stop.is_set():
+            seq += 1
+            # Integer-valued inputs, different for each request: x + bias is exact in float32.
+            x = (np.arange(8, dtype=np.float32).reshape(2, 4) + client * 1000 + seq).astype(np.float32)
+            sent = time.monotonic()
+            try:
+                conn.request("POST", INFER, json.dumps(infer_body(x)), {"Content-Type": "application/json"})
+                response = conn.getresponse()
+                raw = response.read()
+                received = time.monotonic()
+                if response.status == 200:
+                    body = json.loads(raw)
+                    answer = Answer(client, sent, received, 200, body["model_version"], answered_bias(x, body))
+                else:
+                    answer = Answer(client, sent, received, response.status, "", None, raw.decode(errors="replace"))
+            except Exception as exc:  # noqa: BLE001 - every failure is recorded, and the test fails on it
+                answer = Answer(client, sent, time.monotonic(), 0, "", None, f"{type(exc).__name__}: {exc}")
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+            with self._lock:
+                self.answers.append(answer)
+        conn.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_swap_under_load_fails_no_request_and_never_mixes_or_goes_back(owner, approver, start_server):
+    create_model(owner)
+    upload_versions(owner, [1.0, 2.0])
+    promote(owner, approver, 1)
+    server = start_server("inf-swap")
+    eventually(lambda: serves(server, 1), timeout=30, what="v1 never served")
+
+    clients = 4
+    with LoadClients(server.port, clients) as load:
+        eventually(lambda: all(load.count(c, "1") >= 20 for c in range(clients)), timeout=60)
+        promote(owner, approver, 2)
+        eventually(lambda: all(load.count(c, "2") >= 20 for c in range(clients)), timeout=60, what="v2 not served")
+    answers = load.answers
+
+    failed = [a for a in answers if a.status != 200]
+    assert failed == [], f"{len(failed)} of {len(answers)} requests failed, e.g. {failed[:3]}"
+    # Every response is wholly one version's: its outputs are x + that version's bias.
+    assert {(a.version, a.bias) for a in answers} == {("1", 1.0), ("2", 2.0)}
+    for client in range(clients):
+        versions = [a.version for a in answers if a.client == client]
+        switch = versions.index("2")
+        assert set(versions[:switch]) == {"1"} and set(versions[switch:]) == {"2"}, f"client {client} went back"
+    # Across clients too: once any v2 answer was received, every request sent afterwards got v2.
+    first_v2 = min(a.received for a in answers if a.version == "2")
+    assert all(a.version == "2" for a in answers if a.sent > first_v2)
+
+    # v1 is released: the fleet row lists v2 alone.
+    only_v2 = [(2, ["production"], "ready")]
+    eventually(
+        lambda: [(r["version"], r["aliases"], r["state"]) for r in fleet_rows("inf-swap")] == only_v2,
+        what=lambda: f"fleet row: {fleet_rows('inf-swap')}",
+    )
+
+
+# --- Several processes on one database ----------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_several_processes_converge_and_put_wait_reports_laggards(
+    owner, approver, admin, start_server, tmp_path, settings
+):
+    create_model(owner)
+    _, _, v3 = upload_versions(owner, [1.0, 2.0, 3.0])
+    promote(owner, approver, 1)
+    assert set_alias(owner, "staging", 1).status_code == 200
+    set_served(admin, "staging", True)
+    # Process b reads a mirror of the artifact folder in which v3's bytes are corrupt (another valid model).
+    mirror = tmp_path / "mirror"
+    shutil.copytree(settings.STORAGE.path, mirror)
+    corrupt = mirror / artifact_path(v3).relative_to(settings.STORAGE.path)
+    corrupt.write_bytes(add_model_bytes(bias=9.0))
+
+    a = start_server("inf-a", wait=False)
+    b = start_server("inf-b", storage=mirror, wait=False)
+    for server in (a, b):
+        server.wait_ready()
+        eventually(partial(serves_both, server, 1), timeout=30, what=f"{server.name} never served v1")
+
+    # A promotion reaches both processes.
+    promote(owner, approver, 2)
+    for server in (a, b):
+        eventually(partial(serves, server, 2), timeout=30, what=f"{server.name} never served production v2")
+
+    # ?wait= answers 200 only once every live process serves the new version.
+    response = set_alias(owner, "staging", 2, wait=20)
+    assert response.status_code == 200, response.content
+    assert response.json()["version"] == 2
+    for server in (a, b):
+        assert serves(server, 2, STAGING), server.name
+        rows = {r["version"]: r for r in fleet_rows(server.name)}
+        assert rows[2]["aliases"] == ["production", "staging"]
+
+    # b cannot load v3: the alias moves, the PUT answers 504 and names b; b keeps serving v2.
+    response = set_alias(owner, "staging", 3, wait=2)
+    assert response.status_code == 504, response.content
+    body = response.json()
+    assert body["error"].endswith("within 2 s; the alias has moved")
+    assert body["detail"]["alias"]["version"] == 3
+    assert "inf-b" in [lag["worker_id"] for lag in body["detail"]["laggards"]]
+
+    eventually(lambda: serves(a, 3, STAGING), timeout=30, what="a never served staging v3")
+    eventually(
+        lambda: any(r["version"] == 3 and r["state"] == "failed" for r in fleet_rows("inf-b")),
+        what=lambda: f"b: {fleet_rows('inf-b')}",
+    )
+    response = set_alias(owner, "staging", 3, wait=1)
+    assert response.status_code == 504
+    [laggard] = response.json()["detail"]["laggards"]
+    assert (laggard["worker_id"], laggard["serving"], laggard["state"]) == ("inf-b", 2, "failed")
+    assert laggard["error"].startswith("HashMismatch: sha256 mismatch for model.onnx"), laggard
+    assert serves(b, 2, STAGING)
+    assert serves(a, 2) and serves(b, 2)
+
+
+# --- The database goes down -----------------------------------------------------------------------------
+
+
+class PrivatePostgres:
+    """A PostgreSQL server of this test's own, in a temporary folder on a free port (run as postgres if root)."""
+
+    def __init__(self, bindir: Path) -> None:
+        self.bindir = bindir
+        self.port = free_port()
+        self.folder = Path(tempfile.mkdtemp(prefix="modelyard-pg-"))
+        self.data = self.folder / "data"
+        self.log = self.folder / "server.log"
+        if os.geteuid() == 0:
+            shutil.chown(self.folder, "postgres", "postgres")
+        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync")
+
+    @property
+    def url(self) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, tool: str, *args: str) -> None:
+        argv = [str(self.bindir / tool), *args]
+        if os.geteuid() == 0:
+            argv = ["runuser", "-u", "postgres", "--", *argv]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=self.folder)
+        if result.returncode != 0:
+            log = self.log.read_text(errors="replace") if self.log.exists() else ""
+            raise AssertionError(f"{tool} failed ({result.returncode}): {result.stdout}{result.stderr}\n{log}")
+
+    def start(self) -> None:
+        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.folder} -c fsync=off"
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "-t", "60", "start")
+
+    def stop(self, mode: str = "immediate") -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")
+
+    def destroy(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            try:
+                self.stop()
+            except AssertionError:
+                pass
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@pytest.fixture
+def private_postgres() -> Iterator[PrivatePostgres]:
+    bindirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+    if not bindirs or not (Path(bindirs[-1]) / "initdb").exists():
+        pytest.skip("PostgreSQL server binaries (initdb, pg_ctl) are not installed")
+    if os.geteuid() == 0 and shutil.which("runuser") is None:
+        pytest.skip("running as root needs runuser to start PostgreSQL as the postgres user")
+    server = PrivatePostgres(Path(bindirs[-1]))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.destroy()
+
+
+def createtoken(env: dict[str, str], username: str, *roles: str) -> subprocess.Popen[str]:
+    argv = [sys.executable, "-m", "modelyard.cli", "createtoken", username, "--create-user"]
+    for role in roles:
+        argv += ["--role", role]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def token_of(process: subprocess.Popen[str]) -> str:
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    return out.strip().splitlines()[-1]
+
+
+class Api:
+    """The registry REST API of a serve process, as one person."""
+
+    def __init__(self, server: ServeProcess, token: str) -> None:
+        self.base = f"{server.base}/api/v1"
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {token}"
+
+    def call(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        """Retry while the server answers 5xx or not at all (its database connection may be coming back)."""
+        last: Any = None
+
+        def attempt() -> list[requests.Response]:
+            nonlocal last
+            try:
+                last = self.session.request(method, self.base + path, timeout=30, **kwargs)
+            except requests.RequestException as exc:
+                last = exc
+                return []
+            return [last] if last.status_code < 500 else []  # a Response of a 4xx is falsy itself
+
+        [response] = eventually(attempt, timeout=30, interval=0.2, what=lambda: f"{method} {path}: {last}")
+        return response
+
+
+def is_ready(api: Api, number: int) -> bool:
+    return bool(api.call("GET", f"/models/demo/versions/{number}").json()["status"] == "ready")
+
+
+def test_inference_keeps_serving_while_the_database_is_down(private_postgres, start_server, tmp_path):
+    storage = tmp_path / "pg-artifacts"
+    web = start_server("web", role="web", storage=storage, database_url=private_postgres.url, args=("--migrate",))
+    env = inference_env("cli", tmp_path / "cli-data", private_postgres.url, storage)
+    pending = [createtoken(env, "alice", "maintainer"), createtoken(env, "bob", "approver")]
+    alice, bob = (Api(web, token_of(p)) for p in pending)
+    inf = start_server("inf-pg", storage=storage, database_url=private_postgres.url)
+
+    assert alice.call("POST", "/models", json={"name": "demo"}).status_code == 201
+    for bias in (1.0, 2.0):
+        upload = alice.call("POST", "/models/demo/versions", files=[("file", ("m.onnx", add_model_bytes(bias=bias)))])
+        assert upload.status_code == 201, upload.text
+        number = upload.json()["version"]
+        eventually(partial(is_ready, alice, number), what=f"version {number} never validated")
+
+    def promote_over_http(version: int) -> None:
+        request = alice.call("PUT", "/models/demo/aliases/production", json={"version": version})
+        assert request.status_code == 202, request.text
+        approved = bob.call("POST", f"/promotions/{request.json()['id']}/approve", json={})
+        assert approved.status_code == 200, approved.text
+
+    promote_over_http(1)
+    eventually(lambda: serves(inf, 1), timeout=30, what=lambda: f"v1 never served:\n{inf.log()}")
+
+    private_postgres.stop()
+    # The loop notices the outage (the log says so), and /v2 goes on answering from memory.
+    eventually(lambda: "database unreachable" in inf.log(), timeout=30, what=lambda: inf.log())
+    answered = 0
+    outage_ends = time.monotonic() + 3  # several reconcile passes (every 0.5 s) and heartbeats fail meanwhile
+    while time.monotonic() < outage_ends or answered < 20:
+        x = np.full((2, 4), answered, dtype=np.float32)
+        status, body = infer(inf, x)
+        assert status == 200, body
+        assert (body["model_version"], answered_bias(x, body)) == ("1", 1.0)
+        answered += 1
+    assert inf.request("GET", "/v2/health/ready")[0] == 200
+    assert inf.request("GET", "/v2/models/demo/ready")[0] == 200
+    assert inf.process.poll() is None
+
+    # The database comes back: the loop recovers and picks up a new promotion.
+    private_postgres.start()
+    promote_over_http(2)
+    eventually(lambda: serves(inf, 2), timeout=60, what=lambda: f"v2 never served after the outage:\n{inf.log()}")
+
+    def reported() -> bool:
+        workers = {w["worker_id"]: w for w in alice.call("GET", "/fleet").json()}
+        worker = workers.get("inf-pg")
+        return bool(
+            worker
+            and worker["online"]
+            and worker["errors"] == []
+            and [(r["version"], r["state"]) for r in worker["loaded"]] == [(2, "ready")]
+        )
+
+    eventually(reported, timeout=30, what="the fleet never showed inf-pg serving v2 again")
