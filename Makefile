@@ -24,7 +24,7 @@ lint: install
 	$(BIN)/ruff format --check .
 
 typecheck: install
-	$(BIN)/mypy .
+	$(BIN)/mypy modelyard registry storage inference bench
 
 test: install services lint typecheck
 	$(BIN)/python manage.py makemigrations --check --dry-run
