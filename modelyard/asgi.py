@@ -1,6 +1,6 @@
 """The ASGI entry point.
 
-``/v2`` (and later ``/metrics``) go to the bare Starlette data plane before Django's ASGI handler,
+``/v2`` and ``/metrics`` go to the bare Starlette data plane before Django's ASGI handler,
 which would cost more per request than the model itself; everything else goes to Django. The
 process role (``MODELYARD_ROLE``: all, web or inference) decides which halves exist, and the
 lifespan events start and stop the inference runtime's reconcile loop.
@@ -51,7 +51,7 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await _lifespan(receive, send)
         return
     path = scope.get("path", "")
-    if data_plane is not None and (path == "/v2" or path.startswith("/v2/")):
+    if data_plane is not None and (path == "/v2" or path.startswith("/v2/") or path == "/metrics"):
         await data_plane(scope, receive, send)
     elif settings.ROLE != "inference":
         await django_app(scope, receive, send)

@@ -282,7 +282,7 @@ class InferenceWorker(models.Model):
     pid = models.PositiveIntegerField()
     device = models.CharField(max_length=64)
     provider = models.CharField(max_length=64)
-    # [{model, version, aliases, state, error, load_seconds, memory_bytes, provider}]
+    # [{model, version, aliases, state, error, attempts, note, load_seconds, memory_bytes, provider}]
     loaded = models.JSONField(default=list)
     errors = models.JSONField(default=list)
     started_at = models.DateTimeField()
