@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 from django.conf import settings
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -267,4 +268,18 @@ def build_app(runtime: InferenceRuntime) -> Starlette:
             Route(f"{prefix}/config", model_config),
             Route(f"{prefix}/infer", infer, methods=["POST"]),
         ]
-    return Starlette(routes=routes)
+    app = Starlette(routes=routes, exception_handlers={404: _route_error, 405: _route_error})
+    app.router.redirect_slashes = (
+        False  # routes have no trailing slash; a redirect would lose clients that do not follow
+    )
+    return app
+
+
+async def _route_error(request: Request, exc: Exception) -> Response:
+    """No route (404) or the wrong method (405): the same JSON error shape as every other answer."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path}"
+    else:
+        message = f"no such endpoint: {request.method} {request.url.path}"
+    return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)

@@ -400,3 +400,22 @@ def test_mangled_requests_never_get_a_500(v2: V2Server):
         if response.status != 200:
             assert response.json()["error"]
     assert sum(n for status, n in statuses.items() if status != 200) > 100  # most mangling is caught
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "message"),
+    [
+        ("POST", "/v2/repository/index", 404, "no such endpoint: POST /v2/repository/index"),
+        ("GET", "/v2/models/adder/versions/1/stats", 404, "no such endpoint: GET /v2/models/adder/versions/1/stats"),
+        ("GET", "/v2/models/adder/", 404, "no such endpoint: GET /v2/models/adder/"),
+        ("POST", "/v2/models/adder/infer/", 404, "no such endpoint: POST /v2/models/adder/infer/"),
+        ("GET", "/v2/models/adder/infer", 405, "GET is not allowed on /v2/models/adder/infer"),
+        ("DELETE", "/v2/health/live", 405, "DELETE is not allowed on /v2/health/live"),
+    ],
+)
+def test_unknown_endpoints_and_methods_answer_json_and_never_redirect(v2: V2Server, method, path, status, message):
+    response = v2.request(method, path, header(x(data=[1, 2, 3, 4])) if method == "POST" else None)
+    assert response.status == status
+    assert response.json() == {"error": message}
+    if status == 405:
+        assert "allow" in response.headers

@@ -228,6 +228,24 @@ def test_requested_output_subset_comes_back_alone_and_in_the_asked_order(client,
     np.testing.assert_array_equal(result.as_numpy("text_out"), np.array([b"p", b"q"], dtype=object))
 
 
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_nan_and_infinity_survive_both_encodings(client, binary):
+    x = np.array([[np.nan, np.inf, -np.inf, -0.0]], dtype=np.float32)
+    result = client.infer(
+        "adder",
+        [infer_input("x", x, "FP32", binary=binary)],
+        outputs=[httpclient.InferRequestedOutput("y", binary_data=binary)],
+    )
+    np.testing.assert_array_equal(result.as_numpy("y"), x + 1)
+
+
+def test_an_endpoint_we_do_not_have_raises_our_message(client):
+    with pytest.raises(InferenceServerException) as caught:
+        client.get_model_repository_index()
+    assert caught.value.status() == "404"
+    assert caught.value.message() == "no such endpoint: POST /v2/repository/index"
+
+
 def test_request_id_is_echoed(client):
     x = np.zeros((1, 4), np.float32)
     result = client.infer("adder", [infer_input("x", x, "FP32", binary=True)], request_id="req-42")
