@@ -1,0 +1,653 @@
+"""Serving benchmark: MiniLM-L6 (seq 32, batch-1 requests) through Modelyard against three baselines, in one run.
+
+    .venv/bin/python bench/serve.py [--duration 10] [--clients 1,16,64] [--database-url postgres://...]
+
+What it measures, all on 127.0.0.1:
+
+1. raw ONNX Runtime in this process: sequential batch-1 ``run()`` (seq/s, p50/p99 latency), and
+   batch-32 (seq/s, the ceiling of one session);
+2. Modelyard: a real ``modelyard serve --role inference`` process on SQLite (or ``--database-url``),
+   with the model registered, validated and promoted to ``production`` through the services, and
+   requests with binary tensors (and, for comparison, JSON tensors);
+3. the naive server (``bench/naive_server.py``: FastAPI, sync endpoint, one ORT run per request)
+   with JSON tensors.
+
+Load comes from a separate process: ``wrk`` with a Lua script that posts a prepared body (install
+it with ``apt-get install -y wrk``); without wrk, a multi-process Python load generator. Every
+server gets a short warm-up first, and its answer is checked against ONNX Runtime before load.
+The inference endpoint is public (``MODELYARD_INFERENCE_PUBLIC=1``) so that no side pays for a
+token the other does not check.
+
+It prints a table and writes bench/results/serve.json. Targets (2-core CPU machine): at 64
+clients, at least 70% of raw ORT batch-32 and 1.5x the naive server, with zero errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing
+import os
+import platform
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+MODEL_PATH = ROOT.parent / "shared" / "models" / "minilm-l6" / "model.onnx"
+MODEL_NAME = "minilm"
+SEQ = 32
+RESULTS = ROOT / "bench" / "results" / "serve.json"
+
+WRK_SCRIPT = r"""
+local f = assert(io.open(os.getenv("BENCH_BODY"), "rb"))
+wrk.method = "POST"
+wrk.body = f:read("*a")
+f:close()
+local header_length = os.getenv("BENCH_HEADER_LENGTH")
+if header_length and header_length ~= "" then
+  wrk.headers["Inference-Header-Content-Length"] = header_length
+else
+  wrk.headers["Content-Type"] = "application/json"
+end
+
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'WRKJSON {"requests":%d,"duration_us":%d,"connect":%d,"read":%d,"write":%d,"status":%d,"timeout":%d,' ..
+    '"p50_us":%d,"p90_us":%d,"p99_us":%d,"mean_us":%.1f,"max_us":%d}\n',
+    summary.requests, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,
+    latency:percentile(50), latency:percentile(90), latency:percentile(99), latency.mean, latency.max))
+end
+"""
+
+
+# --- inputs and bodies ------------------------------------------------------------------------------
+
+
+def feeds(batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Token ids as a tokenizer would give them: [CLS] ... [SEP], no padding; values do not change the speed."""
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1000, 30000, size=(batch, SEQ), dtype=np.int64)
+    ids[:, 0], ids[:, -1] = 101, 102
+    return {"input_ids": ids, "attention_mask": np.ones((batch, SEQ), dtype=np.int64)}
+
+
+def json_body(one: dict[str, np.ndarray]) -> bytes:
+    inputs = [
+        {"name": name, "datatype": "INT64", "shape": list(array.shape), "data": array.ravel().tolist()}
+        for name, array in one.items()
+    ]
+    return json.dumps({"inputs": inputs}).encode()
+
+
+def binary_body(one: dict[str, np.ndarray]) -> tuple[bytes, int]:
+    """Triton's binary tensor extension: JSON header, then the raw little-endian bytes; binary outputs too."""
+    inputs = [
+        {
+            "name": name,
+            "datatype": "INT64",
+            "shape": list(array.shape),
+            "parameters": {"binary_data_size": array.nbytes},
+        }
+        for name, array in one.items()
+    ]
+    header = json.dumps({"inputs": inputs, "parameters": {"binary_data_output": True}}).encode()
+    return header + b"".join(array.astype("<i8").tobytes() for array in one.values()), len(header)
+
+
+def decode_embedding(status: int, headers: dict[str, str], body: bytes) -> np.ndarray:
+    assert status == 200, body[:500]
+    length = headers.get("inference-header-content-length")
+    if length is None:
+        (output,) = json.loads(body)["outputs"]
+        return np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
+    header = json.loads(body[: int(length)])
+    (output,) = header["outputs"]
+    return np.frombuffer(body[int(length) :], dtype="<f4").reshape(output["shape"])
+
+
+# --- raw ONNX Runtime ------------------------------------------------------------------------------
+
+
+def percentile_ms(latencies: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(latencies) * 1000, q))
+
+
+def raw_ort(duration: float) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(MODEL_PATH), providers=["CPUExecutionProvider"])
+    one, batch = feeds(1), feeds(32)
+    for _ in range(20):
+        session.run(None, one)
+    latencies: list[float] = []
+    end = time.perf_counter() + duration
+    while time.perf_counter() < end:
+        start = time.perf_counter()
+        session.run(None, one)
+        latencies.append(time.perf_counter() - start)
+    batch1 = {
+        "seq_per_s": len(latencies) / sum(latencies),
+        "p50_ms": percentile_ms(latencies, 50),
+        "p99_ms": percentile_ms(latencies, 99),
+        "runs": len(latencies),
+    }
+    for _ in range(3):
+        session.run(None, batch)
+    runs, spent = 0, 0.0
+    end = time.perf_counter() + duration
+    while time.perf_counter() < end:
+        start = time.perf_counter()
+        session.run(None, batch)
+        spent += time.perf_counter() - start
+        runs += 1
+    batch32 = {"seq_per_s": runs * 32 / spent, "ms_per_batch": spent / runs * 1000, "runs": runs}
+    reference = session.run(None, one)[0]
+    return {"batch1": batch1, "batch32": batch32, "reference": reference, "providers": session.get_providers()}
+
+
+# --- servers ------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def post(port: int, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("POST", path, body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+def wait_ready(port: int, path: str, process: subprocess.Popen[bytes], log: Path, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the server exited:\n{log.read_text()[-3000:]}")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", path)
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"the server was not ready in {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def modelyard_env(data_dir: Path, database_url: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELYARD_")}
+    env |= {
+        "DJANGO_SETTINGS_MODULE": "modelyard.settings",
+        "MODELYARD_DATA_DIR": str(data_dir),
+        "MODELYARD_INFERENCE_PUBLIC": "1",
+        "MODELYARD_LOG_LEVEL": "WARNING",
+        "MODELYARD_PROVIDERS": "cpu",
+    }
+    if database_url:
+        env["MODELYARD_DATABASE_URL"] = database_url
+    return env
+
+
+def register(settings_json: str) -> None:
+    """Runs in a child process: register MiniLM, validate it, promote it to production (four eyes)."""
+    import logging
+
+    import django
+
+    django.setup()
+    logging.getLogger("kombu").setLevel(logging.ERROR)
+    import io
+
+    from django.core.management import call_command
+
+    from registry import promotions, services
+    from registry.audit import Actor
+    from registry.models import RegisteredModel, Role, VersionStatus
+    from registry.work import upload_key_prefix
+    from storage import get_storage
+
+    call_command("migrate", interactive=False, verbosity=0)
+    if RegisteredModel.objects.filter(name=MODEL_NAME).exists():
+        return
+    owner_token, _ = services.token_create(username="bench-owner", create_user=True, roles=[Role.ADMIN])
+    approver_token, _ = services.token_create(username="bench-approver", create_user=True, roles=[Role.APPROVER])
+    owner, approver = Actor(user=owner_token.user), Actor(user=approver_token.user)
+    model = services.model_create(name=MODEL_NAME, description="MiniLM-L6 for bench/serve.py", actor=owner)
+    extra = json.loads(settings_json)
+    if extra:
+        model = services.model_update(model=model, actor=owner, **extra)
+    data = MODEL_PATH.read_bytes()
+    written = get_storage().write(f"{upload_key_prefix(MODEL_NAME, 'bench')}/model.onnx", io.BytesIO(data))
+    stored = services.StoredFile(
+        name="model.onnx", storage_key=written.key, sha256=written.sha256, size_bytes=len(data)
+    )
+    version = services.version_create(model=model, files=[stored], actor=owner)
+    version.refresh_from_db()
+    assert version.status == VersionStatus.READY, version.errors
+    outcome = promotions.alias_set(model=model, alias_name="production", version_number=version.version, actor=owner)
+    assert outcome.promotion is not None
+    promotions.promotion_approve(promotion_id=outcome.promotion.pk, actor=approver)
+
+
+def start_modelyard(work: Path, database_url: str | None, model_settings: dict[str, Any]) -> tuple[Any, int, Path]:
+    env = modelyard_env(work / "data", database_url)
+    subprocess.run([sys.executable, __file__, "--register", json.dumps(model_settings)], env=env, check=True, cwd=ROOT)
+    port = free_port()
+    log = work / "modelyard.log"
+    process = subprocess.Popen(
+        [str(BIN / "modelyard"), "serve", "--role", "inference", "--port", str(port), "--log-level", "warning"],
+        env=env,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        cwd=work,
+    )
+    wait_ready(port, f"/v2/models/{MODEL_NAME}/ready", process, log)
+    return process, port, log
+
+
+def start_naive(work: Path) -> tuple[Any, int, Path]:
+    port = free_port()
+    log = work / "naive.log"
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "naive_server.py"), "--model", str(MODEL_PATH), "--port", str(port)],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    wait_ready(port, "/v2/health/ready", process, log)
+    return process, port, log
+
+
+# --- load --------------------------------------------------------------------------------------------
+
+
+def wrk_load(
+    port: int, path: str, body_file: Path, header_length: int | None, clients: int, duration: float, script: Path
+) -> dict[str, Any]:
+    env = dict(
+        os.environ, BENCH_BODY=str(body_file), BENCH_HEADER_LENGTH="" if header_length is None else str(header_length)
+    )
+    seconds = f"{max(1, round(duration))}s"
+    url = f"http://127.0.0.1:{port}{path}"
+    command = ["wrk", "-t", "1", "-c", str(clients), "-d", seconds, "--timeout", "30s", "-s", str(script), url]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    line = next(line for line in done.stdout.splitlines() if line.startswith("WRKJSON "))
+    raw = json.loads(line[len("WRKJSON ") :])
+    errors = raw["connect"] + raw["read"] + raw["write"] + raw["status"] + raw["timeout"]
+    return {
+        "req_per_s": raw["requests"] / (raw["duration_us"] / 1e6),
+        "p50_ms": raw["p50_us"] / 1000,
+        "p90_ms": raw["p90_us"] / 1000,
+        "p99_ms": raw["p99_us"] / 1000,
+        "requests": raw["requests"],
+        "errors": errors,
+        "error_kinds": {k: raw[k] for k in ("connect", "read", "write", "status", "timeout") if raw[k]},
+    }
+
+
+def _python_worker(args: tuple[int, str, bytes, dict[str, str], int, float], out: Any) -> None:
+    port, path, body, headers, connections, duration = args
+    latencies: list[float] = []
+    errors = [0]
+    lock = threading.Lock()
+    end = time.monotonic() + duration
+
+    def one_connection() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        mine: list[float] = []
+        failed = 0
+        while time.monotonic() < end:
+            start = time.perf_counter()
+            try:
+                conn.request("POST", path, body=body, headers=headers)
+                response = conn.getresponse()
+                response.read()
+                if response.status != 200:
+                    failed += 1
+            except OSError:
+                failed += 1
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            mine.append(time.perf_counter() - start)
+        with lock:
+            latencies.extend(mine)
+            errors[0] += failed
+
+    threads = [threading.Thread(target=one_connection) for _ in range(connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    out.put((latencies, errors[0]))
+
+
+def python_load(
+    port: int, path: str, body: bytes, headers: dict[str, str], clients: int, duration: float
+) -> dict[str, Any]:
+    """The fallback without wrk: several processes, each with threads holding one keep-alive connection."""
+    processes = min(clients, 4)
+    out: Any = multiprocessing.Queue()
+    workers = []
+    for index in range(processes):
+        share = clients // processes + (1 if index < clients % processes else 0)
+        worker = multiprocessing.Process(
+            target=_python_worker, args=((port, path, body, headers, share, duration), out)
+        )
+        worker.start()
+        workers.append(worker)
+    latencies: list[float] = []
+    errors = 0
+    for _ in workers:
+        got, failed = out.get()
+        latencies += got
+        errors += failed
+    for worker in workers:
+        worker.join()
+    return {
+        "req_per_s": len(latencies) / duration,
+        "p50_ms": percentile_ms(latencies, 50),
+        "p90_ms": percentile_ms(latencies, 90),
+        "p99_ms": percentile_ms(latencies, 99),
+        "requests": len(latencies),
+        "errors": errors,
+    }
+
+
+class Load:
+    """Posts one prepared request at a server from a separate process, at several concurrencies."""
+
+    def __init__(self, work: Path, duration: float, warmup: float) -> None:
+        self.work = work
+        self.duration = duration
+        self.warmup = warmup
+        self.wrk = shutil.which("wrk")
+        self.script = work / "body.lua"
+        self.script.write_text(WRK_SCRIPT)
+
+    @property
+    def generator(self) -> str:
+        return "wrk" if self.wrk else "python (multi-process)"
+
+    def run(
+        self, port: int, path: str, body: bytes, header_length: int | None, clients: int, *, warm: bool
+    ) -> dict[str, Any]:
+        duration = self.warmup if warm else self.duration
+        if self.wrk:
+            body_file = self.work / f"body-{port}-{header_length}.bin"
+            body_file.write_bytes(body)
+            return wrk_load(port, path, body_file, header_length, clients, duration, self.script)
+        headers = (
+            {"Inference-Header-Content-Length": str(header_length)}
+            if header_length is not None
+            else {"Content-Type": "application/json"}
+        )
+        return python_load(port, path, body, headers, clients, duration)
+
+
+# --- the run -------------------------------------------------------------------------------------------
+
+
+def thread_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of every thread of a process, by thread id."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended
+        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / ticks
+    return out
+
+
+def where_the_time_goes(
+    pid: int, before: dict[int, float], wrk_cpu: float, seconds: float, requests: int
+) -> dict[str, Any]:
+    """Split the machine's CPU during one run: the event loop (the main thread), the other threads, the load."""
+    after = thread_cpu(pid)
+    spent = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
+    event_loop = spent.get(pid, 0.0)
+    others = sum(v for tid, v in spent.items() if tid != pid)
+    capacity = (os.cpu_count() or 1) * seconds
+    return {
+        "event_loop_cpu_s": round(event_loop, 2),
+        "other_threads_cpu_s": round(others, 2),  # ONNX Runtime's threads, nearly all of it
+        "load_generator_cpu_s": round(wrk_cpu, 2),
+        "machine_cpu_s": round(capacity, 1),
+        "event_loop_ms_per_request": round(event_loop / max(requests, 1) * 1000, 3),
+        "other_threads_share": round(others / capacity, 3),
+    }
+
+
+def measure_server(
+    name: str,
+    port: int,
+    body: bytes,
+    header_length: int | None,
+    reference: np.ndarray,
+    load: Load,
+    clients: list[int],
+    pid: int,
+) -> dict[int, dict[str, Any]]:
+    path = f"/v2/models/{MODEL_NAME}/infer"
+    headers = (
+        {"Inference-Header-Content-Length": str(header_length)}
+        if header_length is not None
+        else {"Content-Type": "application/json"}
+    )
+    got = decode_embedding(*post(port, path, body, headers))
+    np.testing.assert_allclose(got, reference, rtol=1e-4, atol=1e-5, err_msg=f"{name} computes something else")
+    load.run(port, path, body, header_length, max(clients), warm=True)
+    results = {}
+    for count in clients:
+        before, children = thread_cpu(pid), resource.getrusage(resource.RUSAGE_CHILDREN)
+        results[count] = r = load.run(port, path, body, header_length, count, warm=False)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wrk_cpu = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
+        r["cpu"] = where_the_time_goes(pid, before, wrk_cpu, load.duration, r["requests"])
+        print(
+            f"  {name:<16} {count:>3} clients: {r['req_per_s']:8.1f} req/s  p50 {r['p50_ms']:7.2f} ms"
+            f"  p99 {r['p99_ms']:7.2f} ms  errors {r['errors']}",
+            flush=True,
+        )
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="MiniLM serving benchmark: Modelyard vs raw ORT vs a naive server")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per measurement")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds of warm-up load per server")
+    parser.add_argument("--clients", default="1,16,64", help="concurrent clients, comma-separated")
+    parser.add_argument("--database-url", default=None, help="PostgreSQL for Modelyard (default: SQLite in a temp dir)")
+    parser.add_argument("--max-batch-size", type=int, default=None, help="the model's max_batch_size")
+    parser.add_argument("--max-queue-delay-us", type=int, default=None, help="the model's max_queue_delay_us")
+    parser.add_argument("--skip-json", action="store_true", help="measure Modelyard with binary tensors only")
+    parser.add_argument("--register", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.register is not None:
+        register(args.register)
+        return 0
+    if not MODEL_PATH.exists():
+        sys.exit(f"{MODEL_PATH} is missing")
+    try:
+        import fastapi  # noqa: F401
+    except ImportError:
+        sys.exit("the naive baseline needs FastAPI (not a Modelyard dependency): .venv/bin/pip install fastapi")
+    clients = [int(c) for c in args.clients.split(",")]
+    model_settings = {
+        k: v
+        for k, v in (("max_batch_size", args.max_batch_size), ("max_queue_delay_us", args.max_queue_delay_us))
+        if v is not None
+    }
+
+    one = feeds(1)
+    binary, header_length = binary_body(one)
+    as_json = json_body(one)
+    with tempfile.TemporaryDirectory(prefix="modelyard-bench-") as tmp:
+        work = Path(tmp)
+        load = Load(work, args.duration, args.warmup)
+        print(f"MiniLM-L6, seq {SEQ}, batch-1 requests; load from {load.generator}; {os.cpu_count()} CPUs", flush=True)
+
+        print("raw ONNX Runtime, in-process:", flush=True)
+        raw = raw_ort(args.duration)
+        b1, b32 = raw["batch1"], raw["batch32"]
+        print(
+            f"  batch-1 sequential: {b1['seq_per_s']:.1f} seq/s, p50 {b1['p50_ms']:.2f} ms, p99 {b1['p99_ms']:.2f} ms"
+        )
+        print(
+            f"  batch-32:           {b32['seq_per_s']:.1f} seq/s ({b32['ms_per_batch']:.1f} ms per batch)", flush=True
+        )
+
+        servers: dict[str, dict[int, dict[str, Any]]] = {}
+        print("Modelyard (modelyard serve --role inference):", flush=True)
+        process, port, _ = start_modelyard(work, args.database_url, model_settings)
+        try:
+            servers["modelyard"] = measure_server(
+                "binary tensors", port, binary, header_length, raw["reference"], load, clients, process.pid
+            )
+            if not args.skip_json:
+                servers["modelyard-json"] = measure_server(
+                    "JSON tensors", port, as_json, None, raw["reference"], load, clients, process.pid
+                )
+        finally:
+            stop(process)
+        print("naive server (FastAPI, sync endpoint, no batching):", flush=True)
+        process, port, _ = start_naive(work)
+        try:
+            servers["naive"] = measure_server(
+                "JSON tensors", port, as_json, None, raw["reference"], load, clients, process.pid
+            )
+        finally:
+            stop(process)
+
+    report = summarise(raw, servers, clients)
+    report["setup"] = {
+        "model": "all-MiniLM-L6-v2 (../shared/models/minilm-l6/model.onnx)",
+        "seq": SEQ,
+        "duration_s": args.duration,
+        "load_generator": load.generator,
+        "cpus": os.cpu_count(),
+        "cpu": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+        "database": "postgresql" if args.database_url else "sqlite",
+        "model_settings": model_settings or "defaults (max_batch_size 32, max_queue_delay_us 1000)",
+        "ort_providers": raw["providers"],
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
+    print_table(report, clients)
+    print(f"\nwrote {RESULTS.relative_to(ROOT)}")
+    return 0 if report["targets"]["met"] else 1
+
+
+def summarise(raw: dict[str, Any], servers: dict[str, dict[int, dict[str, Any]]], clients: list[int]) -> dict[str, Any]:
+    b1, b32 = raw["batch1"]["seq_per_s"], raw["batch32"]["seq_per_s"]
+    table: dict[str, Any] = {}
+    for name, runs in servers.items():
+        table[name] = {}
+        for count, r in runs.items():
+            row = dict(r)
+            row["vs_raw_batch1"] = r["req_per_s"] / b1
+            row["vs_raw_batch32"] = r["req_per_s"] / b32
+            if name != "naive" and "naive" in servers:
+                row["vs_naive"] = r["req_per_s"] / servers["naive"][count]["req_per_s"]
+            table[name][count] = row
+    top = max(clients)
+    ours = table["modelyard"][top]
+    single = table["modelyard"].get(1)
+    targets = {
+        "clients": top,
+        "vs_raw_batch32": ours["vs_raw_batch32"],
+        "vs_naive": ours.get("vs_naive"),
+        "errors": sum(r["errors"] for runs in table.values() for r in runs.values()),
+    }
+    targets["met"] = bool(ours["vs_raw_batch32"] >= 0.7 and (ours.get("vs_naive") or 0) >= 1.5 and ours["errors"] == 0)
+    report: dict[str, Any] = {
+        "raw_ort": {"batch1": raw["batch1"], "batch32": raw["batch32"]},
+        "servers": table,
+        "targets": targets,
+    }
+    if single is not None:
+        report["single_client"] = {
+            "modelyard_p50_ms": single["p50_ms"],
+            "modelyard_p99_ms": single["p99_ms"],
+            "raw_p50_ms": raw["batch1"]["p50_ms"],
+            "raw_p99_ms": raw["batch1"]["p99_ms"],
+            "p50_overhead_ms": single["p50_ms"] - raw["batch1"]["p50_ms"],
+            "p99_overhead_ms": single["p99_ms"] - raw["batch1"]["p99_ms"],
+        }
+    return report
+
+
+def print_table(report: dict[str, Any], clients: list[int]) -> None:
+    raw = report["raw_ort"]
+    print("\n| what | clients | req/s | p50 ms | p99 ms | vs raw b1 | vs raw b32 | vs naive | errors |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    print(
+        f"| raw ORT batch-1 (in-process) | 1 | {raw['batch1']['seq_per_s']:.1f} | {raw['batch1']['p50_ms']:.2f} | "
+        f"{raw['batch1']['p99_ms']:.2f} | 1.00 | {raw['batch1']['seq_per_s'] / raw['batch32']['seq_per_s']:.2f} | | |"
+    )
+    print(f"| raw ORT batch-32 (in-process) | | {raw['batch32']['seq_per_s']:.1f} | | | | 1.00 | | |")
+    for name, runs in report["servers"].items():
+        for count in clients:
+            r = runs[count]
+            naive = f"{r['vs_naive']:.2f}x" if "vs_naive" in r else ""
+            print(
+                f"| {name} | {count} | {r['req_per_s']:.1f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+                f"{r['vs_raw_batch1']:.2f} | {r['vs_raw_batch32']:.2f} | {naive} | {r['errors']} |"
+            )
+    single = report.get("single_client")
+    if single:
+        ours = f"p50 {single['modelyard_p50_ms']:.2f} ms / p99 {single['modelyard_p99_ms']:.2f} ms"
+        print(
+            f"\nsingle client: Modelyard {ours}"
+            f" vs raw ORT run() p50 {single['raw_p50_ms']:.2f} ms / p99 {single['raw_p99_ms']:.2f} ms"
+            f" (p50 overhead {single['p50_overhead_ms']:+.2f} ms)"
+        )
+    top = max(clients)
+    machine = report["servers"]["modelyard"][top]["cpu"]["machine_cpu_s"]
+    print(f"\nwhere the CPU went at {top} clients (the machine had {machine} CPU-s):")
+    for name, runs in report["servers"].items():
+        cpu = runs[top]["cpu"]
+        loop = f"{cpu['event_loop_cpu_s']:5.2f} s ({cpu['event_loop_ms_per_request']:.3f} ms/request)"
+        ort = f"{cpu['other_threads_cpu_s']:5.2f} s ({cpu['other_threads_share']:.0%} of the machine)"
+        print(f"  {name:<15} event loop {loop}, other threads (ORT) {ort}, load {cpu['load_generator_cpu_s']:.2f} s")
+    t = report["targets"]
+    naive = f"{t['vs_naive']:.2f}x" if t["vs_naive"] is not None else "n/a"
+    print(
+        f"target at {t['clients']} clients: {t['vs_raw_batch32']:.0%} of raw batch-32 (>= 70%), {naive} the naive"
+        f" server (>= 1.5x), {t['errors']} errors (0): {'MET' if t['met'] else 'MISSED'}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
