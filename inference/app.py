@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import weakref
+from collections.abc import Awaitable, Callable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
@@ -106,7 +107,12 @@ def build_app(runtime: InferenceRuntime) -> Starlette:
             # The batcher's closure holds ``loaded``, so the weak key alone would never let go of either:
             # retire both (the batcher's thread and task included) once the version is drained and released.
             loop = asyncio.get_running_loop()
-            loaded.on_close(lambda: loop.call_soon_threadsafe(_retire, loaded))
+
+            def retire_soon() -> None:
+                if not loop.is_closed():  # a server that already stopped has nothing left to retire
+                    loop.call_soon_threadsafe(_retire, loaded)
+
+            loaded.on_close(retire_soon)
         return batcher
 
     def _retire(loaded: LoadedVersion) -> None:
@@ -131,12 +137,19 @@ def build_app(runtime: InferenceRuntime) -> Starlette:
             return JSONResponse({"ready": True})
         return JSONResponse({"ready": False}, status_code=503)
 
-    async def model_metadata(request: Request) -> Response:
-        if not await authorised(request):
-            return error(401, "a bearer token with the inference role is required")
-        found = resolve(request)
-        if isinstance(found, JSONResponse):
-            return found
+    def for_version(handler: Callable[[Request, LoadedVersion], Response]) -> Callable[[Request], Awaitable[Response]]:
+        """Check the token and resolve ``{m}[/versions/{v}]`` before a metadata handler runs."""
+
+        async def endpoint(request: Request) -> Response:
+            if not await authorised(request):
+                return error(401, "a bearer token with the inference role is required")
+            found = resolve(request)
+            return found if isinstance(found, JSONResponse) else handler(request, found)
+
+        return endpoint
+
+    @for_version
+    def model_metadata(request: Request, found: LoadedVersion) -> Response:
         spec = found.spec
         versions = sorted({v.spec.version for v in runtime.router.table.get(spec.model, {}).values()})
         return JSONResponse(
@@ -149,20 +162,12 @@ def build_app(runtime: InferenceRuntime) -> Starlette:
             }
         )
 
-    async def model_ready(request: Request) -> Response:
-        if not await authorised(request):
-            return error(401, "a bearer token with the inference role is required")
-        found = resolve(request)
-        if isinstance(found, JSONResponse):
-            return found
+    @for_version
+    def model_ready(request: Request, found: LoadedVersion) -> Response:
         return JSONResponse({"name": found.spec.model, "version": str(found.spec.version), "ready": True})
 
-    async def model_config(request: Request) -> Response:
-        if not await authorised(request):
-            return error(401, "a bearer token with the inference role is required")
-        found = resolve(request)
-        if isinstance(found, JSONResponse):
-            return found
+    @for_version
+    def model_config(request: Request, found: LoadedVersion) -> Response:
         spec = found.spec
         batched = can_batch(spec.signature)
         config: dict[str, Any] = {
