@@ -46,7 +46,7 @@ class VersionSpec:
     signature: dict[str, Any]
     strategy: str
     max_batch_size: int = 32
-    max_queue_delay_us: int = 1000
+    max_queue_delay_us: int = 0
     max_queue_size: int = 1024
 
 

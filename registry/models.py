@@ -36,9 +36,10 @@ class RegisteredModel(models.Model):
     serving_strategy = models.CharField(
         max_length=16, choices=[("blue-green", "blue-green"), ("replace", "replace")], default="blue-green"
     )
-    # Dynamic batching on /v2 (used when every input and output has a dynamic first dimension).
+    # Dynamic batching on /v2 (used when every input and output has a dynamic first dimension). With no
+    # queue delay (the default, as in Triton) requests still merge while the previous batch runs.
     max_batch_size = models.PositiveIntegerField(default=32)
-    max_queue_delay_us = models.PositiveIntegerField(default=1000)
+    max_queue_delay_us = models.PositiveIntegerField(default=0)
     max_queue_size = models.PositiveIntegerField(default=1024)
     # The last version number handed out; bumped under a row lock so numbers never repeat.
     last_version = models.PositiveIntegerField(default=0)

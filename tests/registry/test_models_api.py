@@ -144,7 +144,7 @@ def test_patch_serving_settings(owner, registered):
     assert event.before == {
         "serving_strategy": "blue-green",
         "max_batch_size": 32,
-        "max_queue_delay_us": 1000,
+        "max_queue_delay_us": 0,
         "max_queue_size": 1024,
     }
 
