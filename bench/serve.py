@@ -558,7 +558,7 @@ def main() -> int:
         "cpu": platform.processor() or platform.machine(),
         "python": platform.python_version(),
         "database": "postgresql" if args.database_url else "sqlite",
-        "model_settings": model_settings or "defaults (max_batch_size 32, max_queue_delay_us 1000)",
+        "model_settings": model_settings or "defaults (max_batch_size 32, max_queue_delay_us 0)",
         "ort_providers": raw["providers"],
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
