@@ -204,7 +204,8 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def modelyard_env(data_dir: Path, database_url: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELYARD_")}
+    # MODELYARD_ORT_* session settings pass through, so they can be compared run against run.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELYARD_") or k.startswith("MODELYARD_ORT_")}
     env |= {
         "DJANGO_SETTINGS_MODULE": "modelyard.settings",
         "MODELYARD_DATA_DIR": str(data_dir),

@@ -66,6 +66,10 @@ def session_options() -> Any:
     level = _GRAPH_LEVELS.get(settings.ORT_GRAPH_OPTIMIZATION, "ORT_ENABLE_ALL")
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     options.log_severity_level = 3
+    if not settings.ORT_SPINNING:
+        # Idle intra-op threads sleep instead of spinning, leaving the cores to the event loop between runs.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
     return options
 
 
