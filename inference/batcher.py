@@ -78,6 +78,10 @@ class Batcher:
     def submit(self, feeds: Arrays, *, priority: int = 0, timeout_us: int | None = None) -> asyncio.Future[Arrays]:
         """Queue one request; the future resolves to its outputs. Cancel the future to drop it."""
         if len(self._queue) >= self.max_queue_size:
+            # Requests whose clients went away still sit in the heap; they do not count.
+            self._queue = [item for item in self._queue if not item.future.done()]
+            heapq.heapify(self._queue)
+        if len(self._queue) >= self.max_queue_size:
             raise Overloaded(f"the queue is full ({self.max_queue_size} requests)")
         loop = asyncio.get_running_loop()
         now = time.monotonic()
@@ -157,16 +161,31 @@ class Batcher:
             loop = asyncio.get_running_loop()
             try:
                 results = await loop.run_in_executor(self._executor, self._run_batch, batch)
-            except Exception as exc:  # noqa: BLE001 - every request of the batch gets the error
+            except Exception as exc:  # noqa: BLE001 - handed to the requests below
+                if len(batch) == 1:
+                    if not batch[0].future.done():
+                        batch[0].future.set_exception(exc)
+                    return
+                # One request's data may have failed the merged run: run each alone so only it fails.
                 for item in batch:
                     if not item.future.done():
-                        item.future.set_exception(exc)
+                        await self._execute_alone(loop, item)
                 return
             for item, result in zip(batch, results, strict=True):
                 if not item.future.done():
                     item.future.set_result(result)
         finally:
             self._slot.release()
+
+    async def _execute_alone(self, loop: asyncio.AbstractEventLoop, item: _Item) -> None:
+        try:
+            result = await loop.run_in_executor(self._executor, self._run_batch, [item])
+        except Exception as exc:  # noqa: BLE001 - this request's own error
+            if not item.future.done():
+                item.future.set_exception(exc)
+            return
+        if not item.future.done():
+            item.future.set_result(result[0])
 
     def _run_batch(self, batch: list[_Item]) -> list[Arrays]:
         if len(batch) == 1:

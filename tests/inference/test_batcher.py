@@ -140,3 +140,48 @@ def test_priority_runs_first_and_cancelled_requests_are_dropped(session):
 
     asyncio.run(main())
     assert order == [0.0, 3.0, 1.0]
+
+
+def test_a_bad_request_fails_alone_not_its_whole_batch():
+    def run(feeds):
+        if (feeds["x"] < 0).any():
+            raise ValueError("negative values are not allowed")
+        return {"y": feeds["x"] + 1}
+
+    async def main():
+        batcher = Batcher(run, batching=True, max_batch_size=8, max_queue_delay_us=50_000, max_queue_size=10)
+        good = [batcher.submit({"x": np.full((1, 2), i, np.float32)}) for i in range(3)]
+        bad = batcher.submit({"x": np.full((1, 2), -1, np.float32)})
+        results = await asyncio.gather(*good, bad, return_exceptions=True)
+        batcher.close()
+        return results
+
+    *good, bad = asyncio.run(main())
+    for i, result in enumerate(good):
+        np.testing.assert_array_equal(result["y"], np.full((1, 2), i + 1, np.float32))
+    assert isinstance(bad, ValueError)
+    assert str(bad) == "negative values are not allowed"
+
+
+def test_cancelled_requests_do_not_fill_the_queue():
+    gate = threading.Event()
+
+    def run(feeds):
+        gate.wait(5)
+        return {"y": feeds["x"]}
+
+    async def main():
+        batcher = Batcher(run, batching=False, max_batch_size=1, max_queue_delay_us=0, max_queue_size=2)
+        running = batcher.submit({"x": np.zeros((1, 2), np.float32)})
+        await asyncio.sleep(0.05)
+        abandoned = [batcher.submit({"x": np.ones((1, 2), np.float32)}) for _ in range(2)]
+        for future in abandoned:
+            future.cancel()  # their clients hung up
+        fresh = batcher.submit({"x": np.full((1, 2), 5, np.float32)})
+        gate.set()
+        await running
+        result = await fresh
+        batcher.close()
+        return result
+
+    np.testing.assert_array_equal(asyncio.run(main())["y"], np.full((1, 2), 5, np.float32))
