@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from common import stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -192,15 +193,6 @@ def wait_ready(port: int, path: str, process: subprocess.Popen[bytes], log: Path
             pass
         time.sleep(0.2)
     raise RuntimeError(f"the server was not ready in {timeout}s:\n{log.read_text()[-3000:]}")
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    process.send_signal(signal.SIGINT)
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def modelyard_env(data_dir: Path, database_url: str | None) -> dict[str, str]:
@@ -539,7 +531,7 @@ def main() -> int:
                     "JSON tensors", port, as_json, None, raw["reference"], load, clients, process.pid
                 )
         finally:
-            stop(process)
+            stop_process(process, signal.SIGINT)
         print("naive server (FastAPI, sync endpoint, no batching):", flush=True)
         process, port, _ = start_naive(work)
         try:
@@ -547,7 +539,7 @@ def main() -> int:
                 "JSON tensors", port, as_json, None, raw["reference"], load, clients, process.pid
             )
         finally:
-            stop(process)
+            stop_process(process, signal.SIGINT)
 
     report = summarise(raw, servers, clients)
     report["setup"] = {

@@ -28,19 +28,19 @@ import argparse
 import http.client
 import json
 import os
-import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from common import run_in_workdir
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_PATH = ROOT.parent / "shared" / "models" / "minilm-l6" / "model.onnx"
@@ -521,21 +521,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{MODEL_PATH} is missing", file=sys.stderr)
         return 2
 
-    work = Path(tempfile.mkdtemp(prefix="modelyard-bench-swap-"))
-    try:
-        result = run(args, work)
-    except BaseException:
-        print(f"failed; logs are in {work}", file=sys.stderr)
-        args.keep = True
-        raise
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    report(result)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.output}")
-    return 0 if result["failed_requests"] == 0 and result["wrong_outputs"] == 0 else 1
+    return run_in_workdir(
+        prefix="modelyard-bench-swap-",
+        run=lambda work: run(args, work),
+        report=report,
+        output=args.output,
+        keep=args.keep,
+        passed=lambda result: result["failed_requests"] == 0 and result["wrong_outputs"] == 0,
+    )
 
 
 if __name__ == "__main__":

@@ -28,17 +28,16 @@ import hashlib
 import http.client
 import json
 import os
-import shutil
-import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from common import run_in_workdir, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -221,17 +220,6 @@ def wait_for_server(port: int, token: str, proc: subprocess.Popen[bytes], log: P
             pass
         time.sleep(0.25)
     raise RuntimeError(f"modelyard serve did not answer within 90 s:\n{log.read_text()[-4000:]}")
-
-
-def stop_process(proc: subprocess.Popen[Any] | None) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def drop_queued_messages(server_pid: int) -> int:
@@ -458,21 +446,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, model)")
     args = parser.parse_args(argv)
 
-    work = Path(tempfile.mkdtemp(prefix="modelyard-bench-upload-"))
-    try:
-        result = run(args, work)
-    except BaseException:
-        print(f"failed; logs are in {work}", file=sys.stderr)
-        args.keep = True
-        raise
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
-    report(result)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.output}")
-    return 0 if result["rss_growth_bytes"] < RSS_LIMIT_BYTES else 1
+    return run_in_workdir(
+        prefix="modelyard-bench-upload-",
+        run=lambda work: run(args, work),
+        report=report,
+        output=args.output,
+        keep=args.keep,
+        passed=lambda result: result["rss_growth_bytes"] < RSS_LIMIT_BYTES,
+    )
 
 
 if __name__ == "__main__":
