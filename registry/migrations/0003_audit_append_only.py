@@ -36,6 +36,6 @@ def remove(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("registry", "0003_aliases_promotions")]
+    dependencies = [("registry", "0002_audit_chain_head")]
 
     operations = [migrations.RunPython(install, remove)]
