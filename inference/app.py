@@ -192,9 +192,11 @@ def build_app(runtime: InferenceRuntime) -> Starlette:
 
     async def infer(request: Request) -> Response:
         model = request.path_params["model"]
-        with metrics.LATENCY.labels(model).time():
+        # Label only models this process serves: names from URLs must not grow the series without bound.
+        label = model if model in runtime.router.table else "_unknown"
+        with metrics.LATENCY.labels(label).time():
             response = await _infer(request)
-        metrics.REQUESTS.labels(model, str(response.status_code)).inc()
+        metrics.REQUESTS.labels(label, str(response.status_code)).inc()
         return response
 
     async def _infer(request: Request) -> Response:

@@ -147,3 +147,11 @@ def test_request_whose_client_went_away_is_dropped_before_it_runs(v2, gate):
     assert after.status == 200
     assert after.json()["outputs"][0]["data"] == list(np.full(4, 8.0))
     assert ran(v2) == before + 2  # the blocker and the last one; never the abandoned request
+
+
+def test_unknown_model_names_share_one_metrics_label(v2: V2Server):
+    before = sample(v2, "modelyard_inference_requests_total", model="_unknown", status="404")
+    for name in ("no-such-model-a", "no-such-model-b"):
+        assert v2.request("POST", f"/v2/models/{name}/infer", b'{"inputs": []}').status == 404
+    assert sample(v2, "modelyard_inference_requests_total", model="_unknown", status="404") == before + 2
+    assert "no-such-model-a" not in v2.metrics()
