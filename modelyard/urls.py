@@ -9,6 +9,8 @@ handler500 = "registry.api.errors.json_500"
 
 urlpatterns = [
     path("", home, name="home"),
+    path("ui/", include("registry.ui_urls")),
+    path("accounts/", include("django.contrib.auth.urls")),
     path("api/v1/", include("registry.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

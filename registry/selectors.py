@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Max, OuterRef, Prefetch, QuerySet, Subquery
 
 from registry.models import Alias, AliasMove, ModelFile, ModelVersion, PromotionRequest, RegisteredModel
 
@@ -62,3 +62,20 @@ def promotion_list(*, state: str = "", model_name: str = "") -> QuerySet[Promoti
     if model_name:
         requests = requests.filter(alias__model__name=model_name)
     return requests.order_by("-requested_at", "-id")
+
+
+def model_alias_history(*, model: RegisteredModel) -> QuerySet[AliasMove]:
+    """Every move of every alias of a model, newest first."""
+    return (
+        AliasMove.objects.filter(alias__model=model)
+        .select_related("alias", "from_version", "to_version", "moved_by")
+        .order_by("-moved_at", "-id")
+    )
+
+
+def model_list_with_versions(*, query: str = "") -> QuerySet[RegisteredModel]:
+    """Models annotated with their latest version number and the version behind ``production``."""
+    production = Alias.objects.filter(model=OuterRef("pk"), name="production").values("version__version")[:1]
+    return model_list(query=query).annotate(
+        latest_version=Max("versions__version"), production_version=Subquery(production)
+    )

@@ -1,0 +1,183 @@
+"""The server-rendered UI: pages per role, login, and promotion decisions through the services."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from registry.models import Alias, AuditEvent, InferenceWorker, PromotionRequest, Role
+from tests.registry.audit_factory import append_bulk_events
+from tests.ui_data import login_person, pending_promotion
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def requester():
+    """A maintainer who is also an approver: may request, may not approve their own request."""
+    return login_person("requester", Role.MAINTAINER, Role.APPROVER)
+
+
+@pytest.fixture
+def reviewer():
+    return login_person("reviewer", Role.APPROVER)
+
+
+@pytest.fixture
+def auditor():
+    return login_person("auditor", Role.AUDITOR)
+
+
+@pytest.mark.parametrize("path", ["/ui/", "/ui/models/demo", "/ui/promotions", "/ui/audit", "/ui/fleet"])
+def test_anonymous_is_sent_to_login(path):
+    response = Client().get(path)
+    assert response.status_code == 302
+    assert response["Location"] == f"/accounts/login/?next={path}"
+
+
+def test_login_page_renders_and_logs_in(reviewer):
+    assert Client().get("/accounts/login/").status_code == 200
+    response = Client().post("/accounts/login/", {"username": "reviewer", "password": "correct horse battery staple"})
+    assert (response.status_code, response["Location"]) == (302, "/ui/")
+
+
+def test_models_list_shows_latest_and_production_version(requester, reviewer):
+    promotion = pending_promotion(requester)
+    reviewer.client.post(f"/ui/promotions/{promotion.pk}/approve")
+    response = requester.client.get("/ui/")
+    assert response.status_code == 200
+    [model] = response.context["models"]
+    assert (model.name, model.latest_version, model.production_version) == ("demo", 2, 1)
+    assert b'href="/ui/models/demo"' in response.content
+
+
+def test_model_page_lists_versions_aliases_and_history(requester, reviewer):
+    promotion = pending_promotion(requester)
+    reviewer.client.post(f"/ui/promotions/{promotion.pk}/approve")
+    response = requester.client.get("/ui/models/demo")
+    assert response.status_code == 200
+    assert [v.version for v in response.context["versions"]] == [2, 1]
+    assert [(a.name, a.version.version, a.protected, a.served) for a in response.context["aliases"]] == [
+        ("production", 1, True, True)
+    ]
+    assert [(m.kind, m.to_version.version) for m in response.context["history"]] == [("approval", 1)]
+    assert b"Roll back" in response.content
+
+
+def test_refused_rollback_shows_the_service_message(requester):
+    pending_promotion(requester)
+    response = requester.client.post("/ui/models/demo/aliases/production/rollback", {"reason": "oops"})
+    assert response.status_code == 409
+    assert response.context["error"] == "alias 'production' has no earlier version to roll back to"
+    assert b"has no earlier version to roll back to" in response.content
+
+
+def test_promotions_page_lists_pending_with_decision_buttons(requester, reviewer):
+    promotion = pending_promotion(requester)
+    response = reviewer.client.get("/ui/promotions")
+    assert response.status_code == 200
+    assert list(response.context["pending"]) == [promotion]
+    assert b"Approve" in response.content and b"Reject" in response.content
+    assert b"csrfmiddlewaretoken" in response.content
+
+
+def test_approve_moves_the_alias_and_writes_the_audit_event(requester, reviewer):
+    promotion = pending_promotion(requester)
+    response = reviewer.client.post(f"/ui/promotions/{promotion.pk}/approve", {"reason": "looks good"})
+    assert (response.status_code, response["Location"]) == (302, "/ui/promotions")
+    promotion.refresh_from_db()
+    assert (promotion.state, promotion.decided_by.username, promotion.decision_reason) == (
+        "approved",
+        "reviewer",
+        "looks good",
+    )
+    assert Alias.objects.get(name="production").version.version == 1
+    approve = AuditEvent.objects.get(action="promotion.approve")
+    assert (approve.actor, approve.target, approve.after) == (
+        "reviewer",
+        str(promotion.pk),
+        {"state": "approved", "reason": "looks good"},
+    )
+    assert AuditEvent.objects.order_by("-seq").values_list("action", flat=True)[0] == "alias.set"
+    page = reviewer.client.get("/ui/promotions")
+    assert f"Promotion request {promotion.pk} approved.".encode() in page.content
+    assert list(page.context["decided"]) == [promotion]
+
+
+def test_reject_leaves_the_alias(requester, reviewer):
+    promotion = pending_promotion(requester)
+    assert reviewer.client.post(f"/ui/promotions/{promotion.pk}/reject", {"reason": "not yet"}).status_code == 302
+    promotion.refresh_from_db()
+    assert promotion.state == "rejected"
+    assert Alias.objects.get(name="production").version is None
+
+
+def test_requester_cannot_approve_own_promotion(requester):
+    promotion = pending_promotion(requester)
+    events = AuditEvent.objects.count()
+    response = requester.client.post(f"/ui/promotions/{promotion.pk}/approve")
+    assert response.status_code == 403
+    assert response.context["error"] == "you requested this promotion; another approver must approve it"
+    assert b"you requested this promotion; another approver must approve it" in response.content
+    promotion.refresh_from_db()
+    assert promotion.state == "pending"
+    assert Alias.objects.get(name="production").version is None
+    assert AuditEvent.objects.count() == events
+
+
+def test_unknown_decision_and_get_are_refused(requester, reviewer):
+    promotion = pending_promotion(requester)
+    assert reviewer.client.post(f"/ui/promotions/{promotion.pk}/merge").status_code == 404
+    assert reviewer.client.get(f"/ui/promotions/{promotion.pk}/approve").status_code == 405
+    assert PromotionRequest.objects.get().state == "pending"
+
+
+def test_audit_page_lists_filters_and_verifies(requester, reviewer, auditor):
+    promotion = pending_promotion(requester)
+    reviewer.client.post(f"/ui/promotions/{promotion.pk}/approve")
+    response = auditor.client.get("/ui/audit", {"action": "promotion.", "model": "demo", "verify": "1"})
+    assert response.status_code == 200
+    assert [(e.actor, e.action) for e in response.context["events"]] == [
+        ("reviewer", "promotion.approve"),
+        ("requester", "promotion.request"),
+    ]
+    assert response.context["verified"].ok
+    assert b"chain ok" in response.content
+
+
+def test_audit_page_is_forbidden_to_a_maintainer(requester):
+    response = requester.client.get("/ui/audit")
+    assert response.status_code == 403
+    assert b"needs the auditor or admin role" in response.content
+    assert "events" not in response.context
+
+
+def test_audit_page_shows_at_most_200_events(auditor):
+    append_bulk_events(250)
+    response = auditor.client.get("/ui/audit")
+    assert len(response.context["events"]) == 200
+
+
+def test_fleet_page_shows_online_and_offline_workers(requester):
+    now = timezone.now()
+    for worker_id, seen in (("w-live", now), ("w-gone", now - timedelta(hours=1))):
+        InferenceWorker.objects.create(
+            worker_id=worker_id,
+            host="h",
+            pid=1,
+            device="cpu",
+            provider="CPUExecutionProvider",
+            loaded=[{"model": "demo", "version": 3, "aliases": ["production"], "state": "ready"}],
+            started_at=seen,
+            heartbeat_at=seen,
+        )
+    response = requester.client.get("/ui/fleet")
+    assert response.status_code == 200
+    assert [(row["worker"].worker_id, row["online"]) for row in response.context["workers"]] == [
+        ("w-gone", False),
+        ("w-live", True),
+    ]
+    assert b"demo v3 (production)" in response.content
