@@ -15,26 +15,13 @@ from typing import Any
 
 import numpy as np
 
+from registry.datatypes import NUMPY_OF
+
 HEADER_LENGTH = "inference-header-content-length"
 MAX_ELEMENTS = 1 << 31
 MAX_DECOMPRESSED = 1 << 31
 MAX_UINT64 = (1 << 64) - 1  # Triton's priority and timeout are uint64
 
-NUMPY_OF: dict[str, Any] = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-    "BYTES": np.object_,
-}
 PROTOCOL_OF = {np.dtype(v).str: k for k, v in NUMPY_OF.items() if v is not np.object_}
 
 

@@ -16,40 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-# Open Inference Protocol datatype names for ONNX tensor element types.
-ONNX_TO_PROTOCOL: dict[int, str] = {
-    TensorProto.BOOL: "BOOL",
-    TensorProto.UINT8: "UINT8",
-    TensorProto.UINT16: "UINT16",
-    TensorProto.UINT32: "UINT32",
-    TensorProto.UINT64: "UINT64",
-    TensorProto.INT8: "INT8",
-    TensorProto.INT16: "INT16",
-    TensorProto.INT32: "INT32",
-    TensorProto.INT64: "INT64",
-    TensorProto.FLOAT16: "FP16",
-    TensorProto.FLOAT: "FP32",
-    TensorProto.DOUBLE: "FP64",
-    TensorProto.BFLOAT16: "BF16",
-    TensorProto.STRING: "BYTES",
-}
-
-# ONNX Runtime's input type strings, for building synthetic inputs.
-_ORT_NUMPY = {
-    "tensor(bool)": np.bool_,
-    "tensor(uint8)": np.uint8,
-    "tensor(uint16)": np.uint16,
-    "tensor(uint32)": np.uint32,
-    "tensor(uint64)": np.uint64,
-    "tensor(int8)": np.int8,
-    "tensor(int16)": np.int16,
-    "tensor(int32)": np.int32,
-    "tensor(int64)": np.int64,
-    "tensor(float16)": np.float16,
-    "tensor(float)": np.float32,
-    "tensor(double)": np.float64,
-    "tensor(string)": np.object_,
-}
+from registry.datatypes import ONNX_TO_PROTOCOL, numpy_of_ort_type
 
 
 @dataclass(frozen=True)
@@ -193,7 +160,7 @@ def synthetic_inputs(session: Any) -> dict[str, np.ndarray]:
     """Inputs shaped from the signature (dynamic dimensions become 1), filled with ones."""
     feeds: dict[str, np.ndarray] = {}
     for arg in session.get_inputs():
-        dtype = _ORT_NUMPY.get(arg.type)
+        dtype = numpy_of_ort_type(arg.type)
         if dtype is None:
             raise TypeError(f"input '{arg.name}' has type {arg.type}, which validation cannot synthesise")
         shape = [dim if isinstance(dim, int) and dim >= 0 else 1 for dim in arg.shape]
