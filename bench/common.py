@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -52,3 +53,13 @@ def stop_process(process: subprocess.Popen[Any] | None, sig: int = signal.SIGTER
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def kill_group(process: subprocess.Popen[Any]) -> None:
+    """SIGKILL the process's whole group (started with start_new_session=True)."""
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.wait(timeout=10)

@@ -28,7 +28,6 @@ import argparse
 import http.client
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -40,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import run_in_workdir
+from common import kill_group, run_in_workdir
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_PATH = ROOT.parent / "shared" / "models" / "minilm-l6" / "model.onnx"
@@ -147,12 +146,7 @@ class Server:
         raise RuntimeError(f"{self.name} not ready after {timeout} s:\n{self.log_path.read_text(errors='replace')}")
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.process.wait(timeout=10)
+        kill_group(self.process)
 
 
 def request(port: int, method: str, path: str, token: str = "", body: Any = None) -> tuple[int, Any]:

@@ -10,7 +10,6 @@ import hashlib
 import http.client
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from django.conf import settings as django_settings
 from registry.models import FileRole, ModelFile, ModelVersion, Role, VersionStatus
 from tests.conftest import Person, make_person
 from tests.onnx_models import add_model_bytes
+from tests.processes import kill_group
 
 T = TypeVar("T")
 MODEL = "demo"
@@ -284,12 +284,7 @@ class ServeProcess:
         eventually(ready, timeout=timeout, interval=0.1, what=lambda: f"{self.name} not ready:\n{self.log()}")
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.process.wait(timeout=10)
+        kill_group(self.process)
 
 
 def infer_body(x: np.ndarray, request_id: str | None = None) -> dict[str, Any]:

@@ -8,7 +8,6 @@ the test database and artifact folder with the test, so every row they need must
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from django.utils import timezone
 from registry import services, tasks
 from registry.models import AuditEvent, ModelVersion, VersionStatus
 from tests.onnx_models import add_model_bytes, slow_model, unknown_op_model
+from tests.processes import kill_group
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -115,12 +115,7 @@ class Worker:
 
     def kill(self) -> None:
         """SIGKILL the whole process group: no warm shutdown, no acknowledgement, no requeue."""
-        if self.process.poll() is None:
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.process.wait(timeout=10)
+        kill_group(self.process)
 
 
 @pytest.fixture
