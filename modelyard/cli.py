@@ -1,4 +1,4 @@
-"""The ``modelyard`` command line: serve, worker, createtoken, and any management command via manage."""
+"""The ``modelyard`` command line: serve, worker, createtoken, revoketoken, and any management command via manage."""
 
 from __future__ import annotations
 
@@ -65,19 +65,62 @@ def createtoken(args: argparse.Namespace) -> int:
 
     if settings.EMBEDDED_DATABASE:
         call_command("migrate", interactive=False, verbosity=0)
+    from datetime import timedelta
+
     from registry import services
 
     try:
         token, raw = services.token_create(
-            username=args.username, create_user=args.create_user, roles=args.role, name=args.name
+            username=args.username,
+            create_user=args.create_user,
+            roles=args.role,
+            name=args.name,
+            expires_in=timedelta(days=args.expires_days) if args.expires_days else None,
         )
     except ValueError as exc:
         print(f"modelyard createtoken: {exc}", file=sys.stderr)
         return 2
     roles = ", ".join(args.role) or "no new roles"
-    print(f"Created token {token.prefix} for {args.username} ({roles}). It is shown only once:", file=sys.stderr)
-    print(raw)
+    expiry = f", expires {token.expires_at:%Y-%m-%d %H:%M} UTC" if token.expires_at else ""
+    print(
+        f"Created token {token.prefix} for {args.username} ({roles}{expiry}). It is shown only once:", file=sys.stderr
+    )
+    print(raw)  # the last stdout line, so scripts can take it with `tail -1`
     return 0
+
+
+def revoketoken(args: argparse.Namespace) -> int:
+    _setup()
+    from django.conf import settings
+    from django.core.management import call_command
+
+    if settings.EMBEDDED_DATABASE:
+        call_command("migrate", interactive=False, verbosity=0)
+    from registry import services
+    from registry.audit import SYSTEM
+    from registry.models import ApiToken
+
+    token = ApiToken.objects.select_related("user").filter(prefix=args.prefix).first()
+    if token is None:
+        print(f"modelyard revoketoken: no API token with prefix '{args.prefix}'", file=sys.stderr)
+        return 1
+    owner = token.user.get_username()
+    if token.revoked_at is not None:
+        print(f"Token {token.prefix} of {owner} was already revoked at {token.revoked_at:%Y-%m-%d %H:%M} UTC.")
+        return 0
+    services.token_revoke(token=token, actor=SYSTEM)
+    print(f"Revoked token {token.prefix} of {owner}.")
+    return 0
+
+
+def _positive_days(text: str) -> int:
+    try:
+        days = int(text)
+    except ValueError:
+        days = 0
+    if days < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of days of at least 1, got {text!r}")
+    return days
 
 
 DEMO_MODEL = "demo"
@@ -260,7 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--create-user", action="store_true")
     p.add_argument("--role", action="append", default=[], help="grant a role (repeatable)")
     p.add_argument("--name", default="", help="a label for the token")
+    p.add_argument("--expires-days", type=_positive_days, default=None, help="the token stops working after N days")
     p.set_defaults(func=createtoken)
+
+    p = sub.add_parser("revoketoken", help="revoke an API token by its prefix (the part after my_)")
+    p.add_argument("prefix")
+    p.set_defaults(func=revoketoken)
 
     p = sub.add_parser("demo", help="register and serve a small model, then print curl and tritonclient examples")
     p.add_argument("--url", default="http://127.0.0.1:8000", help="where `modelyard serve` listens")

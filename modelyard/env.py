@@ -80,6 +80,63 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
+_PERIODS = {
+    "s": 1,
+    "sec": 1,
+    "second": 1,
+    "m": 60,
+    "min": 60,
+    "minute": 60,
+    "h": 3600,
+    "hour": 3600,
+    "d": 86400,
+    "day": 86400,
+}
+_OFF = {"off", "none", "0"}
+
+
+def parse_rate(text: str) -> tuple[int, int] | None:
+    """``"120/min"`` -> (120 requests, 60 seconds); ``"off"`` -> None. Raises ValueError on anything else."""
+    cleaned = text.strip().lower()
+    if cleaned in _OFF:
+        return None
+    count, sep, period = cleaned.partition("/")
+    if not sep or not count.isdigit() or int(count) < 1 or period not in _PERIODS:
+        raise ValueError(f"expected a rate such as 120/min (per s, min, hour or day) or off, got {text!r}")
+    return int(count), _PERIODS[period]
+
+
+def env_rate(name: str, default: str) -> str | None:
+    """A request rate such as ``1200/min``; ``off`` disables it (None)."""
+    value = os.environ.get(name)
+    text = default if value is None or value.strip() == "" else value
+    try:
+        return None if parse_rate(text) is None else text.strip().lower()
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}: {exc}") from exc
+
+
+def cache_from_url(name: str, url: str | None) -> dict[str, dict[str, object]]:
+    """Django's CACHES: Redis for ``redis://``, ``rediss://`` or ``unix://`` URLs, process memory otherwise.
+
+    Only counters live here (API throttling), so a short socket timeout keeps a slow Redis from
+    holding requests up; the throttle lets requests through when Redis does not answer.
+    """
+    if not url:
+        return {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache", "LOCATION": "modelyard"}}
+    scheme = urlsplit(url).scheme
+    if scheme not in {"redis", "rediss", "unix"}:
+        raise ImproperlyConfigured(f"{name}: expected a redis://, rediss:// or unix:// URL, got scheme {scheme!r}")
+    return {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": url,
+            "KEY_PREFIX": "modelyard",
+            "OPTIONS": {"socket_connect_timeout": 1.0, "socket_timeout": 1.0},
+        }
+    }
+
+
 def database_from_url(name: str, url: str) -> dict[str, object]:
     """Turn ``postgres://user:pass@host:port/db?opt=v`` or ``sqlite:///path`` into a DATABASES entry."""
     parts = urlsplit(url)

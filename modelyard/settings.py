@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from modelyard.env import (
+    cache_from_url,
     database_from_url,
     env_bool,
     env_choice,
     env_float,
     env_int,
     env_list,
+    env_rate,
     env_str,
     load_or_create_secret,
     storage_from_url,
@@ -110,6 +112,11 @@ WHITENOISE_AUTOREFRESH = DEBUG
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/ui/"
 LOGOUT_REDIRECT_URL = "/accounts/login/"
+# Password logins (/accounts/login/ and /admin/login/) lock a username after this many failures, and a
+# client address after LOGIN_MAX_FAILURES_PER_IP, within LOGIN_LOCKOUT_SECONDS; the lock lasts as long.
+LOGIN_MAX_FAILURES = env_int("MODELYARD_LOGIN_MAX_FAILURES", 5, minimum=1)
+LOGIN_MAX_FAILURES_PER_IP = env_int("MODELYARD_LOGIN_MAX_FAILURES_PER_IP", 20, minimum=1)
+LOGIN_LOCKOUT_SECONDS = env_int("MODELYARD_LOGIN_LOCKOUT_SECONDS", 900, minimum=1)
 
 # --- Artifacts -------------------------------------------------------------------------------
 STORAGE = storage_from_url(
@@ -170,13 +177,26 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "collect-orphaned-artifacts": {"task": "registry.tasks.collect_orphaned_artifacts", "schedule": 3600.0},
 }
 
+# --- Cache -----------------------------------------------------------------------------------
+# Holds the API throttling counters. Redis when MODELYARD_CACHE_URL (or else a redis:// broker) is
+# set, so every server process counts together; otherwise each process counts on its own.
+_cache_url = env_str("MODELYARD_CACHE_URL") or (
+    BROKER_URL if BROKER_URL and BROKER_URL.startswith(("redis://", "rediss://")) else None
+)
+CACHES = cache_from_url("MODELYARD_CACHE_URL", _cache_url)
+
 # --- API -------------------------------------------------------------------------------------
+# Requests per token (or per signed-in browser session), and per client address for requests
+# without valid credentials; "off" disables a limit. Read on every request (registry.throttling).
+API_RATE_USER = env_rate("MODELYARD_API_RATE_USER", "1200/min")
+API_RATE_ANON = env_rate("MODELYARD_API_RATE_ANON", "120/min")
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "registry.auth.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["registry.permissions.ReadAuthenticatedWriteMaintainer"],
+    "DEFAULT_THROTTLE_CLASSES": ["registry.throttling.TokenRateThrottle", "registry.throttling.ClientAddressThrottle"],
     "DEFAULT_PAGINATION_CLASS": "registry.api.pagination.Pagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "registry.api.errors.exception_handler",

@@ -1,7 +1,8 @@
 """Bearer API tokens and roles.
 
 A token looks like ``my_<prefix>_<secret>``. Only sha256 of the whole token is stored; the
-prefix finds the row, and the hash is compared in constant time.
+prefix finds the row, and the hash is compared in constant time. A revoked token, an expired one
+and one whose user is inactive do not authenticate.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from registry.models import ApiToken, Role
+from registry.throttling import ClientAddressThrottle, client_address
 
 TOKEN_PREFIX = "my_"
 
@@ -28,19 +30,45 @@ def split_token(raw: str) -> tuple[str, str] | None:
     return prefix, secret
 
 
-def authenticate_token(raw: str) -> ApiToken | None:
+INVALID_TOKEN = "invalid or revoked API token"
+
+
+class TokenRefused(Exception):
+    """Why a presented token does not authenticate; the message is safe to show its sender."""
+
+    def __init__(self, message: str = INVALID_TOKEN, *, expired: bool = False) -> None:
+        super().__init__(message)
+        self.expired = expired
+
+
+def verify_token(raw: str) -> ApiToken:
+    """The token's row, with its user; raises TokenRefused. Records when it was last used (once a minute)."""
     parts = split_token(raw)
     if parts is None:
-        return None
+        raise TokenRefused()
     token = ApiToken.objects.select_related("user").filter(prefix=parts[0], revoked_at__isnull=True).first()
     if token is None or not hmac.compare_digest(token.key_hash, ApiToken.hash_key(raw)):
-        return None
+        raise TokenRefused()
     if not token.user.is_active:
-        return None
+        raise TokenRefused()
     now = timezone.now()
+    if token.expires_at is not None and token.expires_at <= now:
+        # Only the holder of the whole secret gets here, so naming the expiry tells nobody else anything.
+        raise TokenRefused(f"API token {token.prefix} expired at {token.expires_at.isoformat()}", expired=True)
     if token.last_used_at is None or (now - token.last_used_at).total_seconds() > 60:
         ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
     return token
+
+
+def authenticate_token(raw: str) -> ApiToken | None:
+    try:
+        return verify_token(raw)
+    except TokenRefused:
+        return None
+
+
+class TokenExpired(exceptions.AuthenticationFailed):
+    """An expired token: a 401 whose message says so (other refusals keep the generic message)."""
 
 
 class BearerTokenAuthentication(authentication.BaseAuthentication):
@@ -53,9 +81,13 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         scheme, _, raw = header.partition(" ")
         if scheme.lower() != "bearer":
             return None
-        token = authenticate_token(raw.strip())
-        if token is None:
-            raise exceptions.AuthenticationFailed("invalid or revoked API token")
+        try:
+            token = verify_token(raw.strip())
+        except TokenRefused as exc:
+            # A bad token counts against its sender's address like any request without valid
+            # credentials: past the rate, guessing gets 429 and no longer writes an audit event each time.
+            ClientAddressThrottle().consume(f"ip:{client_address(request)}")
+            raise (TokenExpired if exc.expired else exceptions.AuthenticationFailed)(str(exc)) from exc
         return token.user, token
 
     def authenticate_header(self, request: Request) -> str:

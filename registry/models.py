@@ -130,7 +130,9 @@ class ApiToken(models.Model):
     prefix = models.CharField(max_length=16, unique=True)
     key_hash = models.CharField(max_length=64)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Refreshed at most once a minute, so most authentications write nothing.
     last_used_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
@@ -228,11 +230,18 @@ class PromotionState(models.TextChoices):
     EXPIRED = "expired"
 
 
+class PromotionKind(models.TextChoices):
+    MOVE = "move"  # point the alias at ``version``
+    UNPROTECT = "unprotect"  # clear the alias's protected flag
+
+
 class PromotionRequest(models.Model):
-    """A request to point a protected alias at a version, waiting for a second person's decision."""
+    """A four-eyes change to a protected alias (a move, or unprotecting it), waiting for a second person's decision."""
 
     alias = models.ForeignKey(Alias, on_delete=models.CASCADE, related_name="promotions")
-    version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="+")
+    kind = models.CharField(max_length=16, choices=PromotionKind.choices, default=PromotionKind.MOVE)
+    # The version a move asks for; an unprotect request names none.
+    version = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
     # Where the alias pointed when the request was made; approval is refused if it moved since.
     base_version = models.ForeignKey(ModelVersion, null=True, on_delete=models.CASCADE, related_name="+")
     state = models.CharField(max_length=16, choices=PromotionState.choices, default=PromotionState.PENDING)
@@ -250,9 +259,16 @@ class PromotionRequest(models.Model):
     class Meta:
         ordering = ["-requested_at", "-id"]
         indexes = [models.Index(fields=["state", "requested_at"])]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(kind=PromotionKind.UNPROTECT) | models.Q(version__isnull=False),
+                name="move_request_names_a_version",
+            )
+        ]
 
     def __str__(self) -> str:
-        return f"promotion #{self.pk} {self.alias} -> v{self.version.version} ({self.state})"
+        change = f"-> v{self.version.version}" if self.version is not None else "unprotect"
+        return f"promotion #{self.pk} {self.alias} {change} ({self.state})"
 
 
 class AliasMove(models.Model):
@@ -273,6 +289,23 @@ class AliasMove(models.Model):
 
     def __str__(self) -> str:
         return f"{self.alias}: {self.from_version_id} -> {self.to_version_id}"
+
+
+class LoginFailure(models.Model):
+    """Recent failed password logins for one username or one client address, and the lockout they caused."""
+
+    kind = models.CharField(max_length=8)  # "user" or "ip"
+    value = models.CharField(max_length=150)
+    failures = models.PositiveIntegerField(default=0)
+    # Failures count within a window that starts at the first one; an older window starts again at zero.
+    window_started_at = models.DateTimeField(db_index=True)
+    locked_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["kind", "value"], name="unique_login_failure_key")]
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.value}: {self.failures} failed logins"
 
 
 class InferenceWorker(models.Model):

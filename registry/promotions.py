@@ -1,4 +1,8 @@
-"""Aliases, promotion requests and their four-eyes review. Each top-level function owns its transaction."""
+"""Aliases, promotion requests and their four-eyes review. Each top-level function owns its transaction.
+
+A protected alias changes only with two people: moving it and unprotecting it both open a request
+that another approver decides, so nobody can unprotect an alias and then move it alone.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ from registry.models import (
     Alias,
     AliasMove,
     ModelVersion,
+    PromotionKind,
     PromotionRequest,
     PromotionState,
     RegisteredModel,
@@ -32,7 +37,7 @@ PRODUCTION = "production"
 
 @dataclass(frozen=True)
 class AliasOutcome:
-    """What a request to set an alias did: moved it, or opened a promotion request."""
+    """What a request to change an alias did: changed it, or opened a promotion request."""
 
     alias: Alias
     move: AliasMove | None = None
@@ -202,31 +207,88 @@ def alias_rollback(*, model: RegisteredModel, alias_name: str, actor: Actor, rea
 
 @transaction.atomic(durable=True)
 def alias_update_flags(
-    *, model: RegisteredModel, alias_name: str, actor: Actor, protected: bool | None = None, served: bool | None = None
-) -> Alias:
-    """Change whether an alias is protected or served (admins only)."""
+    *,
+    model: RegisteredModel,
+    alias_name: str,
+    actor: Actor,
+    protected: bool | None = None,
+    served: bool | None = None,
+    reason: str = "",
+) -> AliasOutcome:
+    """Change whether an alias is protected or served (admins only).
+
+    Unprotecting a protected alias does not happen here: it opens an unprotect request that
+    another approver must approve, like a move.
+    """
     if not has_role(actor.user, Role.ADMIN):
         raise Forbidden("changing an alias's protected or served flag needs the admin role")
     model = _locked_model(model)
     alias = _locked_alias(model, alias_name, create=True)
     assert alias is not None
+    if protected is False and alias.protected:
+        if served is not None:
+            raise UploadRejected(
+                "unprotecting a protected alias needs a second person's approval: send protected=false on its own"
+            )
+        return AliasOutcome(alias=alias, promotion=_request_unprotect(alias, actor, reason))
+    _set_flags(alias, actor, protected=protected, served=served)
+    return AliasOutcome(alias=alias)
+
+
+def _set_flags(
+    alias: Alias,
+    actor: Actor,
+    *,
+    protected: bool | None,
+    served: bool | None,
+    promotion: PromotionRequest | None = None,
+) -> None:
     before = {"protected": alias.protected, "served": alias.served}
     if protected is not None:
         alias.protected = protected
     if served is not None:
         alias.served = served
     alias.save(update_fields=["protected", "served", "updated_at"])
+    after: dict[str, Any] = {"protected": alias.protected, "served": alias.served}
+    if promotion is not None:
+        after["promotion"] = promotion.pk
     audit_record(
         actor=actor,
         action="alias.flags",
         target_type="alias",
-        target=f"{model.name}@{alias.name}",
-        model_name=model.name,
+        target=f"{alias.model.name}@{alias.name}",
+        model_name=alias.model.name,
         before=before,
-        after={"protected": alias.protected, "served": alias.served},
+        after=after,
     )
     _notify_after_commit(alias)
-    return alias
+
+
+def _request_unprotect(alias: Alias, actor: Actor, reason: str) -> PromotionRequest:
+    duplicate = alias.promotions.filter(state=PromotionState.PENDING, kind=PromotionKind.UNPROTECT).first()
+    if duplicate is not None:
+        raise Conflict(
+            f"unprotect request {duplicate.pk} for '{alias.name}' is already pending",
+            detail={"promotion": duplicate.pk},
+        )
+    promotion = PromotionRequest.objects.create(
+        alias=alias,
+        kind=PromotionKind.UNPROTECT,
+        base_version=alias.version,
+        reason=reason,
+        requested_by=actor.user,
+        expires_at=timezone.now() + timedelta(seconds=settings.PROMOTION_TTL_SECONDS),
+    )
+    audit_record(
+        actor=actor,
+        action="promotion.request",
+        target_type="promotion",
+        target=str(promotion.pk),
+        model_name=alias.model.name,
+        before={"protected": True},
+        after={"alias": alias.name, "kind": PromotionKind.UNPROTECT, "protected": False, "reason": reason},
+    )
+    return promotion
 
 
 def _locked_promotion(promotion_id: int) -> PromotionRequest:
@@ -241,11 +303,16 @@ def _locked_promotion(promotion_id: int) -> PromotionRequest:
     )
 
 
+def _noun(promotion: PromotionRequest) -> str:
+    return "unprotect request" if promotion.kind == PromotionKind.UNPROTECT else "promotion"
+
+
 def _check_reviewer(promotion: PromotionRequest, actor: Actor, verb: str) -> None:
     if not has_role(actor.user, Role.APPROVER):
-        raise Forbidden(f"to {verb} a promotion you need the approver role")
+        article = "an" if promotion.kind == PromotionKind.UNPROTECT else "a"
+        raise Forbidden(f"to {verb} {article} {_noun(promotion)} you need the approver role")
     if actor.user is not None and promotion.requested_by_id == actor.user.pk:
-        raise Forbidden(f"you requested this promotion; another approver must {verb} it")
+        raise Forbidden(f"you requested this {_noun(promotion)}; another approver must {verb} it")
     if promotion.state != PromotionState.PENDING:
         raise Conflict(f"promotion request {promotion.pk} is already {promotion.state}")
     if promotion.expires_at <= timezone.now():
@@ -279,10 +346,18 @@ def _decide(promotion: PromotionRequest, state: str, actor: Actor, reason: str) 
 
 @transaction.atomic(durable=True)
 def promotion_approve(*, promotion_id: int, actor: Actor, reason: str = "") -> PromotionRequest:
-    """A second person approves: the alias moves in this same transaction."""
+    """A second person approves: the alias moves (or loses its protection) in this same transaction."""
     promotion = _locked_promotion(promotion_id)
     _check_reviewer(promotion, actor, "approve")
-    version, alias = promotion.version, promotion.alias
+    alias = promotion.alias
+    if promotion.kind == PromotionKind.UNPROTECT:
+        if not alias.protected:
+            raise Conflict(f"alias '{alias.name}' is no longer protected; nothing to approve")
+        _decide(promotion, PromotionState.APPROVED, actor, reason)
+        _set_flags(alias, actor, protected=False, served=None, promotion=promotion)
+        return promotion
+    version = promotion.version
+    assert version is not None  # a move request always names its version (a database constraint)
     if version.status != VersionStatus.READY:
         raise Conflict(f"version {version.version} is no longer ready ({version.status}); it cannot be promoted")
     if alias.version_id != promotion.base_version_id:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.db.models import Max, OuterRef, Prefetch, QuerySet, Subquery
 
-from registry.models import Alias, AliasMove, ModelFile, ModelVersion, PromotionRequest, RegisteredModel
+from registry.auth import has_role
+from registry.models import Alias, AliasMove, ApiToken, ModelFile, ModelVersion, PromotionRequest, RegisteredModel, Role
 
 
 def model_list(*, query: str = "", tag: str = "") -> QuerySet[RegisteredModel]:
@@ -53,12 +55,14 @@ def alias_move_at(*, alias: Alias, at: datetime) -> AliasMove | None:
     return alias_history(alias=alias).filter(moved_at__lte=at).order_by("-moved_at", "-id").first()
 
 
-def promotion_list(*, state: str = "", model_name: str = "") -> QuerySet[PromotionRequest]:
+def promotion_list(*, state: str = "", model_name: str = "", kind: str = "") -> QuerySet[PromotionRequest]:
     requests = PromotionRequest.objects.select_related(
         "alias__model", "version", "base_version", "requested_by", "decided_by"
     )
     if state:
         requests = requests.filter(state=state)
+    if kind:
+        requests = requests.filter(kind=kind)
     if model_name:
         requests = requests.filter(alias__model__name=model_name)
     return requests.order_by("-requested_at", "-id")
@@ -79,3 +83,13 @@ def model_list_with_versions(*, query: str = "") -> QuerySet[RegisteredModel]:
     return model_list(query=query).annotate(
         latest_version=Max("versions__version"), production_version=Subquery(production)
     )
+
+
+def token_list(*, viewer: Any, username: str = "") -> QuerySet[ApiToken]:
+    """The tokens ``viewer`` may see, newest first: every token for an admin, otherwise their own."""
+    tokens = ApiToken.objects.select_related("user")
+    if not has_role(viewer, Role.ADMIN):
+        tokens = tokens.filter(user=viewer)
+    if username:
+        tokens = tokens.filter(user__username=username)
+    return tokens.order_by("-created_at", "-id")

@@ -264,9 +264,20 @@ def version_requeue_stuck(*, pending_older_than: timedelta) -> list[int]:
 
 @transaction.atomic(durable=True)
 def token_create(
-    *, username: str, create_user: bool = False, roles: Sequence[str] = (), name: str = "", actor: Actor = SYSTEM
+    *,
+    username: str,
+    create_user: bool = False,
+    roles: Sequence[str] = (),
+    name: str = "",
+    expires_in: timedelta | None = None,
+    actor: Actor = SYSTEM,
 ) -> tuple[ApiToken, str]:
-    """Create an API token (and optionally its user); returns the row and the only copy of the secret."""
+    """Create an API token (and optionally its user); returns the row and the only copy of the secret.
+
+    With ``expires_in`` the token stops authenticating after that long; without, it lasts until revoked.
+    """
+    if expires_in is not None and expires_in <= timedelta(0):
+        raise ValueError("a token's lifetime must be positive")
     unknown = sorted(set(roles) - set(Role.values))
     if unknown:
         raise ValueError(f"unknown role(s) {', '.join(unknown)}; roles are {', '.join(Role.values)}")
@@ -291,18 +302,32 @@ def token_create(
         )
     prefix = secrets.token_hex(6)
     raw = f"my_{prefix}_{secrets.token_urlsafe(32)}"
-    token = ApiToken.objects.create(user=user, name=name, prefix=prefix, key_hash=ApiToken.hash_key(raw))
-    audit_record(
-        actor=actor, action="token.create", target_type="token", target=prefix, after={"user": username, "name": name}
+    expires_at = timezone.now() + expires_in if expires_in is not None else None
+    token = ApiToken.objects.create(
+        user=user, name=name, prefix=prefix, key_hash=ApiToken.hash_key(raw), expires_at=expires_at
     )
+    after = {"user": username, "name": name}
+    if expires_at is not None:  # kept out otherwise, so events of tokens without expiry look as they always did
+        after["expires_at"] = expires_at.isoformat()
+    audit_record(actor=actor, action="token.create", target_type="token", target=prefix, after=after)
     return token, raw
 
 
 @transaction.atomic(durable=True)
 def token_revoke(*, token: ApiToken, actor: Actor) -> ApiToken:
-    token = ApiToken.objects.select_for_update().get(pk=token.pk)
+    """Revoke a token; it stops authenticating at once (``/v2`` within its token cache's lifetime).
+
+    Revoking a revoked token changes nothing and records nothing.
+    """
+    token = ApiToken.objects.select_for_update(of=("self",)).select_related("user").get(pk=token.pk)
     if token.revoked_at is None:
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])
-        audit_record(actor=actor, action="token.revoke", target_type="token", target=token.prefix)
+        audit_record(
+            actor=actor,
+            action="token.revoke",
+            target_type="token",
+            target=token.prefix,
+            after={"user": token.user.get_username(), "name": token.name},
+        )
     return token

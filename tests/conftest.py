@@ -34,6 +34,9 @@ class Person:
         kwargs.setdefault("content_type", "application/json")
         return self.client.patch(path, data, HTTP_AUTHORIZATION=f"Bearer {self.token}", **kwargs)
 
+    def delete(self, path: str, **kwargs: Any) -> Any:
+        return self.client.delete(path, HTTP_AUTHORIZATION=f"Bearer {self.token}", **kwargs)
+
     def upload(self, model: str, files: list[tuple[str, bytes]], **fields: Any) -> Any:
         """POST a multipart upload; each (name, bytes) becomes one 'file' part, in order."""
         from django.core.files.uploadedfile import SimpleUploadedFile
@@ -87,6 +90,15 @@ def _fresh_storage(tmp_path: Any, settings: Any) -> Iterator[None]:
     get_storage.cache_clear()
     yield
     get_storage.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rate_counters() -> Iterator[None]:
+    """API throttling counts in the cache; each test starts from zero, whatever ran before it."""
+    from django.core.cache import cache
+
+    cache.clear()
+    yield
 
 
 @pytest.fixture(scope="session", autouse=True)

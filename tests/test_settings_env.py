@@ -9,7 +9,16 @@ import sys
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from modelyard.env import StorageConfig, database_from_url, env_bool, env_int, storage_from_url
+from modelyard.env import (
+    StorageConfig,
+    cache_from_url,
+    database_from_url,
+    env_bool,
+    env_int,
+    env_rate,
+    parse_rate,
+    storage_from_url,
+)
 
 
 def test_postgres_url():
@@ -71,3 +80,49 @@ def test_embedded_default_generates_secret_once(tmp_path):
     second = subprocess.run(run, env=env, capture_output=True, text=True, check=True, timeout=120).stdout
     assert first == second and len(first.strip()) >= 50
     assert (tmp_path / "secret_key").stat().st_mode & 0o777 == 0o600
+
+
+def test_rates(monkeypatch):
+    assert parse_rate("1200/min") == (1200, 60)
+    assert parse_rate("5/second") == (5, 1)
+    assert parse_rate("off") is None
+    monkeypatch.setenv("MODELYARD_API_RATE_USER", "OFF")
+    assert env_rate("MODELYARD_API_RATE_USER", "1200/min") is None
+    monkeypatch.delenv("MODELYARD_API_RATE_USER")
+    assert env_rate("MODELYARD_API_RATE_USER", "1200/min") == "1200/min"
+    for bad in ("lots", "10/fortnight", "0/min", "-1/s", "1.5/min"):
+        monkeypatch.setenv("MODELYARD_API_RATE_ANON", bad)
+        with pytest.raises(ImproperlyConfigured, match=r"^MODELYARD_API_RATE_ANON: expected a rate such as 120/min"):
+            env_rate("MODELYARD_API_RATE_ANON", "120/min")
+
+
+def test_cache_urls():
+    assert cache_from_url("X", None)["default"]["BACKEND"] == "django.core.cache.backends.locmem.LocMemCache"
+    redis = cache_from_url("X", "redis://cache:6379/2")["default"]
+    assert (redis["BACKEND"], redis["LOCATION"]) == (
+        "django.core.cache.backends.redis.RedisCache",
+        "redis://cache:6379/2",
+    )
+    with pytest.raises(ImproperlyConfigured, match=r"^MODELYARD_CACHE_URL: expected a redis://"):
+        cache_from_url("MODELYARD_CACHE_URL", "memcached://x")
+
+
+@pytest.mark.parametrize(
+    ("extra", "backend"),
+    [
+        ({}, "LocMemCache"),
+        ({"MODELYARD_BROKER_URL": "amqp://guest@127.0.0.1//"}, "LocMemCache"),
+        ({"MODELYARD_BROKER_URL": "redis://127.0.0.1:6379/3"}, "RedisCache redis://127.0.0.1:6379/3"),
+        ({"MODELYARD_CACHE_URL": "redis://127.0.0.1:6379/4"}, "RedisCache redis://127.0.0.1:6379/4"),
+    ],
+)
+def test_throttle_counters_go_to_redis_when_one_is_configured(tmp_path, extra, backend):
+    env = {"MODELYARD_DATA_DIR": str(tmp_path), "PATH": "/usr/bin:/bin", **extra}
+    code = (
+        "import django; django.setup(); from django.conf import settings; c = settings.CACHES['default']; "
+        "print(c['BACKEND'].rsplit('.', 1)[1], c.get('LOCATION', '') if 'Redis' in c['BACKEND'] else '')"
+    )
+    run = [sys.executable, "-c", f"import os; os.environ['DJANGO_SETTINGS_MODULE']='modelyard.settings'; {code}"]
+    assert (
+        subprocess.run(run, env=env, capture_output=True, text=True, check=True, timeout=120).stdout.strip() == backend
+    )

@@ -17,7 +17,7 @@ from registry import promotions, selectors
 from registry.api.fleet_views import wait_for_fleet
 from registry.audit import actor_from_request
 from registry.errors import UploadRejected
-from registry.models import Alias, AliasMove, PromotionRequest, PromotionState, RegisteredModel
+from registry.models import Alias, AliasMove, PromotionKind, PromotionRequest, PromotionState, RegisteredModel
 
 
 class AliasSerializer(serializers.ModelSerializer[Alias]):
@@ -32,7 +32,8 @@ class AliasSerializer(serializers.ModelSerializer[Alias]):
 class PromotionSerializer(serializers.ModelSerializer[PromotionRequest]):
     model = serializers.CharField(source="alias.model.name")
     alias = serializers.CharField(source="alias.name")
-    version = serializers.IntegerField(source="version.version")
+    # null for an unprotect request, which names no version
+    version = serializers.IntegerField(source="version.version", default=None)
     base_version = serializers.IntegerField(source="base_version.version", default=None)
     requested_by = serializers.CharField(source="requested_by.username")
     decided_by = serializers.CharField(source="decided_by.username", default=None)
@@ -41,6 +42,7 @@ class PromotionSerializer(serializers.ModelSerializer[PromotionRequest]):
         model = PromotionRequest
         fields = [
             "id",
+            "kind",
             "model",
             "alias",
             "version",
@@ -77,6 +79,7 @@ class AliasSetInput(serializers.Serializer[Any]):
 class AliasFlagsInput(serializers.Serializer[Any]):
     protected = serializers.BooleanField(required=False)
     served = serializers.BooleanField(required=False)
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
 
 
 class ReasonInput(serializers.Serializer[Any]):
@@ -154,15 +157,17 @@ class AliasDetail(APIView):
                 )
         return Response(body)
 
-    @extend_schema(request=AliasFlagsInput, responses=AliasSerializer)
+    @extend_schema(request=AliasFlagsInput, responses={200: AliasSerializer, 202: PromotionSerializer})
     def patch(self, request: Request, name: str, alias: str) -> Response:
         model = get_object_or_404(RegisteredModel, name=name)
         data = AliasFlagsInput(data=request.data)
         data.is_valid(raise_exception=True)
-        updated = promotions.alias_update_flags(
+        outcome = promotions.alias_update_flags(
             model=model, alias_name=_slug(alias, "alias name"), actor=actor_from_request(request), **data.validated_data
         )
-        return Response(AliasSerializer(updated).data)
+        if outcome.promotion is not None:
+            return Response(PromotionSerializer(outcome.promotion).data, status=status.HTTP_202_ACCEPTED)
+        return Response(AliasSerializer(outcome.alias).data)
 
 
 class AliasRollback(APIView):
@@ -215,17 +220,23 @@ class PromotionList(generics.ListAPIView[PromotionRequest]):
         parameters=[
             OpenApiParameter("state", str, enum=PromotionState.values),
             OpenApiParameter("model", str),
+            OpenApiParameter("kind", str, enum=PromotionKind.values),
         ]
     )
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         state = request.query_params.get("state", "")
         if state and state not in PromotionState.values:
             raise UploadRejected(f"unknown state '{state}'; states are {', '.join(PromotionState.values)}")
+        kind = request.query_params.get("kind", "")
+        if kind and kind not in PromotionKind.values:
+            raise UploadRejected(f"unknown kind '{kind}'; kinds are {', '.join(PromotionKind.values)}")
         return super().get(request, *args, **kwargs)
 
     def get_queryset(self) -> Any:
         params = self.request.query_params
-        return selectors.promotion_list(state=params.get("state", ""), model_name=params.get("model", ""))
+        return selectors.promotion_list(
+            state=params.get("state", ""), model_name=params.get("model", ""), kind=params.get("kind", "")
+        )
 
 
 class PromotionDetail(APIView):

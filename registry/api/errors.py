@@ -42,6 +42,8 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         response.data = {"error": exc.message, "detail": exc.extra}
     elif isinstance(exc, exceptions.ValidationError):
         response.data = {"error": _summarise(exc.detail), "detail": exc.detail}
+    elif isinstance(exc, exceptions.Throttled):
+        response.data = {"error": _summarise(exc.detail), "detail": {"retry_after": getattr(exc, "wait", None)}}
     elif isinstance(exc, Http404 | exceptions.NotFound):
         response.data = {"error": str(getattr(exc, "detail", "")) or "not found", "detail": None}
     else:

@@ -1,6 +1,6 @@
 from django.urls import include, path
 
-from registry.api import alias_views, fleet_views, views
+from registry.api import alias_views, fleet_views, token_views, views
 
 urlpatterns = [
     path("models", views.ModelListCreate.as_view(), name="model-list"),
@@ -18,5 +18,7 @@ urlpatterns = [
     path("promotions/<int:pk>/approve", alias_views.PromotionApprove.as_view(), name="promotion-approve"),
     path("promotions/<int:pk>/reject", alias_views.PromotionReject.as_view(), name="promotion-reject"),
     path("promotions/<int:pk>/cancel", alias_views.PromotionCancel.as_view(), name="promotion-cancel"),
+    path("tokens", token_views.TokenListCreate.as_view(), name="token-list"),
+    path("tokens/<str:prefix>", token_views.TokenDetail.as_view(), name="token-detail"),
     path("", include("registry.api.audit_urls")),
 ]

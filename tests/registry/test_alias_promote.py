@@ -264,3 +264,118 @@ def test_promotions_list_filters_and_rejects_unknown_state(owner, approver, two_
     bad = approver.get("/api/v1/promotions?state=weird")
     assert bad.status_code == 400
     assert bad.json()["error"].startswith("unknown state 'weird'")
+
+
+def test_admin_unprotect_opens_a_request_and_the_alias_stays_protected(owner, two_versions):
+    admin = make_person("root", "admin")
+    response = admin.patch(f"{ALIASES}/production", {"protected": False, "reason": "retire the model"})
+    assert response.status_code == 202, response.content
+    body = response.json()
+    assert (body["kind"], body["alias"], body["version"], body["state"], body["requested_by"], body["reason"]) == (
+        "unprotect",
+        "production",
+        None,
+        "pending",
+        "root",
+        "retire the model",
+    )
+    assert Alias.objects.get(name="production").protected is True
+    event = AuditEvent.objects.filter(action="promotion.request").latest("seq")
+    assert (event.actor, event.target, event.before) == ("root", str(body["id"]), {"protected": True})
+    assert event.after == {"alias": "production", "kind": "unprotect", "protected": False, "reason": "retire the model"}
+    # Still protected: a move by the same admin only opens a promotion request.
+    assert put(admin, "production", version=1).status_code == 202
+    assert Alias.objects.get(name="production").version is None
+
+
+def test_admin_cannot_approve_own_unprotect_request(owner, two_versions):
+    admin = make_person("root", "admin")
+    request = admin.patch(f"{ALIASES}/production", {"protected": False}).json()
+    refused = admin.post(f"/api/v1/promotions/{request['id']}/approve", {})
+    assert refused.status_code == 403
+    assert refused.json()["error"] == "you requested this unprotect request; another approver must approve it"
+    maintainer = owner.post(f"/api/v1/promotions/{request['id']}/approve", {})
+    assert maintainer.status_code == 403
+    assert maintainer.json()["error"] == "to approve an unprotect request you need the approver role"
+    assert Alias.objects.get(name="production").protected is True
+    assert PromotionRequest.objects.get(pk=request["id"]).state == "pending"
+
+
+def test_approver_approves_unprotect_then_moves_are_direct(owner, approver, two_versions):
+    admin = make_person("root", "admin")
+    request = admin.patch(f"{ALIASES}/production", {"protected": False}).json()
+    approved = approver.post(f"/api/v1/promotions/{request['id']}/approve", {"reason": "ok"})
+    assert approved.status_code == 200, approved.content
+    assert (approved.json()["state"], approved.json()["decided_by"], approved.json()["kind"]) == (
+        "approved",
+        "approver",
+        "unprotect",
+    )
+    alias = Alias.objects.get(name="production")
+    assert (alias.protected, alias.served) == (False, True)
+    assert actions()[-2:] == ["promotion.approve", "alias.flags"]
+    flags = AuditEvent.objects.filter(action="alias.flags").latest("seq")
+    assert (flags.actor, flags.before, flags.after) == (
+        "approver",
+        {"protected": True, "served": True},
+        {"protected": False, "served": True, "promotion": request["id"]},
+    )
+    assert put(owner, "production", version=1).status_code == 200
+    again = approver.post(f"/api/v1/promotions/{request['id']}/approve", {})
+    assert again.status_code == 409
+
+
+def test_rejected_unprotect_leaves_the_alias_protected(approver, two_versions):
+    admin = make_person("root", "admin")
+    request = admin.patch(f"{ALIASES}/production", {"protected": False}).json()
+    response = approver.post(f"/api/v1/promotions/{request['id']}/reject", {"reason": "no"})
+    assert response.status_code == 200
+    assert response.json()["state"] == "rejected"
+    assert Alias.objects.get(name="production").protected is True
+    assert actions()[-1] == "promotion.reject"
+
+
+def test_unprotect_must_be_sent_alone_and_only_once(two_versions):
+    admin = make_person("root", "admin")
+    mixed = admin.patch(f"{ALIASES}/production", {"protected": False, "served": False})
+    assert mixed.status_code == 400
+    assert mixed.json()["error"] == (
+        "unprotecting a protected alias needs a second person's approval: send protected=false on its own"
+    )
+    assert Alias.objects.get(name="production").served is True
+    first = admin.patch(f"{ALIASES}/production", {"protected": False})
+    second = admin.patch(f"{ALIASES}/production", {"protected": False})
+    assert second.status_code == 409
+    assert second.json() == {
+        "error": f"unprotect request {first.json()['id']} for 'production' is already pending",
+        "detail": {"promotion": first.json()["id"]},
+    }
+
+
+def test_served_changes_on_a_protected_alias_stay_direct(two_versions):
+    admin = make_person("root", "admin")
+    response = admin.patch(f"{ALIASES}/production", {"served": False})
+    assert response.status_code == 200
+    assert (response.json()["protected"], response.json()["served"]) == (True, False)
+    assert not PromotionRequest.objects.exists()
+
+
+def test_unprotect_approved_after_it_was_unprotected_is_409(approver, two_versions):
+    admin = make_person("root", "admin")
+    request = admin.patch(f"{ALIASES}/production", {"protected": False}).json()
+    Alias.objects.filter(name="production").update(protected=False)
+    response = approver.post(f"/api/v1/promotions/{request['id']}/approve", {})
+    assert response.status_code == 409
+    assert response.json()["error"] == "alias 'production' is no longer protected; nothing to approve"
+
+
+def test_promotions_list_shows_and_filters_kind(owner, approver, two_versions):
+    put(owner, "production", version=1)
+    make_person("root", "admin").patch(f"{ALIASES}/production", {"protected": False})
+    kinds = [p["kind"] for p in approver.get("/api/v1/promotions").json()["results"]]
+    assert kinds == ["unprotect", "move"]
+    moves = approver.get("/api/v1/promotions?kind=move").json()["results"]
+    assert [(p["kind"], p["version"]) for p in moves] == [("move", 1)]
+    bad = approver.get("/api/v1/promotions?kind=delete")
+    assert bad.status_code == 400
+    assert bad.json()["error"] == "unknown kind 'delete'; kinds are move, unprotect"

@@ -1,9 +1,11 @@
-"""API tokens: hashed at rest, shown once, revocable, and the createtoken command."""
+"""API tokens: hashed at rest, shown once, revocable, and the createtoken and revoketoken commands."""
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -66,3 +68,41 @@ def test_createtoken_command_prints_token_as_last_line(tmp_path):
     )
     assert refused.returncode == 2
     assert "no user named 'dave'" in refused.stderr
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "modelyard.cli", *args], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_createtoken_expires_days_and_revoketoken_commands(tmp_path):
+    env = {"MODELYARD_DATA_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    created = _cli(env, "createtoken", "erin", "--create-user", "--expires-days", "7")
+    assert created.returncode == 0, created.stderr
+    raw = created.stdout.strip().splitlines()[-1]
+    prefix = raw.split("_")[1]
+    assert ", expires " in created.stderr
+    with sqlite3.connect(tmp_path / "modelyard.sqlite3") as db:
+        created_at, expires_at = db.execute(
+            "SELECT created_at, expires_at FROM registry_apitoken WHERE prefix = ?", (prefix,)
+        ).fetchone()
+    lifetime = datetime.fromisoformat(expires_at) - datetime.fromisoformat(created_at)
+    assert timedelta(days=7) - timedelta(seconds=5) < lifetime <= timedelta(days=7)
+
+    revoked = _cli(env, "revoketoken", prefix)
+    assert (revoked.returncode, revoked.stdout.strip()) == (0, f"Revoked token {prefix} of erin.")
+    again = _cli(env, "revoketoken", prefix)
+    assert again.returncode == 0
+    assert again.stdout.startswith(f"Token {prefix} of erin was already revoked at ")
+    with sqlite3.connect(tmp_path / "modelyard.sqlite3") as db:
+        assert db.execute("SELECT revoked_at IS NOT NULL FROM registry_apitoken WHERE prefix = ?", (prefix,)).fetchone()
+        events = db.execute("SELECT actor, target FROM registry_auditevent WHERE action = 'token.revoke'").fetchall()
+    assert events == [("system", prefix)]
+
+    unknown = _cli(env, "revoketoken", "feedbeef")
+    assert unknown.returncode == 1
+    assert unknown.stderr.strip() == "modelyard revoketoken: no API token with prefix 'feedbeef'"
+    bad = _cli(env, "createtoken", "erin", "--expires-days", "0")
+    assert bad.returncode == 2
+    assert "expected a whole number of days of at least 1, got '0'" in bad.stderr

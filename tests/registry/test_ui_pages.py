@@ -107,6 +107,22 @@ def test_approve_moves_the_alias_and_writes_the_audit_event(requester, reviewer)
     assert list(page.context["decided"]) == [promotion]
 
 
+def test_unprotect_request_is_reviewed_on_the_promotions_page(requester, reviewer):
+    pending_promotion(requester)
+    admin = login_person("root", Role.ADMIN)
+    assert admin.patch("/api/v1/models/demo/aliases/production", {"protected": False}).status_code == 202
+    unprotect = PromotionRequest.objects.get(kind="unprotect")
+    page = reviewer.client.get("/ui/promotions")
+    assert page.status_code == 200
+    assert f'<tr data-promotion="{unprotect.pk}">'.encode() in page.content
+    assert b"unprotect (at version" in page.content
+    response = reviewer.client.post(f"/ui/promotions/{unprotect.pk}/approve", {"reason": "retiring"})
+    assert response.status_code == 302
+    assert Alias.objects.get(name="production").protected is False
+    decided = reviewer.client.get("/ui/promotions")
+    assert list(decided.context["decided"]) == [unprotect]
+
+
 def test_reject_leaves_the_alias(requester, reviewer):
     promotion = pending_promotion(requester)
     assert reviewer.client.post(f"/ui/promotions/{promotion.pk}/reject", {"reason": "not yet"}).status_code == 302
