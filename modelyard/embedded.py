@@ -1,7 +1,9 @@
 """Periodic jobs for the embedded default, where there is no broker and no Celery beat.
 
 ``modelyard serve`` starts this thread when MODELYARD_BROKER_URL is unset, so a laptop install
-still sweeps stuck validations and collects orphaned artifacts on the beat schedule.
+still sweeps stuck validations and collects orphaned artifacts on the beat schedule. No job runs
+a validation on this thread: the sweep hands what it finds to the in-process validation thread
+(``registry/inprocess.py``), so one slow or hostile model cannot stop the schedule.
 """
 
 from __future__ import annotations

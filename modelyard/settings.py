@@ -147,6 +147,12 @@ GC_GRACE_SECONDS = env_int("MODELYARD_GC_GRACE_SECONDS", 24 * 3600, minimum=0)
 # A validation whose worker stopped heartbeating for this long is taken over by another.
 VALIDATION_HEARTBEAT_SECONDS = env_float("MODELYARD_VALIDATION_HEARTBEAT_SECONDS", 5.0, minimum=0.1)
 VALIDATION_STALE_SECONDS = env_float("MODELYARD_VALIDATION_STALE_SECONDS", 30.0, minimum=0.5)
+# Validation runs in a child process that is stopped past either limit (registry/validation_process.py).
+# The limit is on address space: the child needs about 200 MB of it to import numpy, onnx and ONNX
+# Runtime, and MiniLM-L6 (a 90 MB model) validates under 512 MB but not 448. The default leaves a
+# wide margin for real models; a hostile one can no longer take the server down.
+VALIDATION_TIMEOUT_SECONDS = env_float("MODELYARD_VALIDATION_TIMEOUT_SECONDS", 120.0, minimum=1.0)
+VALIDATION_MEMORY_MB = env_int("MODELYARD_VALIDATION_MEMORY_MB", 4096, minimum=256)
 PROMOTION_TTL_SECONDS = env_int("MODELYARD_PROMOTION_TTL_SECONDS", 7 * 24 * 3600, minimum=1)
 VALIDATION_WORK_DIR = env_str("MODELYARD_WORK_DIR") or str(DATA_DIR / "work")
 

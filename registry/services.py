@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,11 +31,39 @@ from registry.models import (
 from registry.promotions import alias_create_defaults
 from registry.validation import ValidationResult
 
+logger = logging.getLogger(__name__)
+
 
 def _enqueue_validation(version_id: int) -> None:
+    """Queue a new version's validation; called after its row is committed.
+
+    Nothing may escape: the upload has succeeded by now, and an error here (a broker that is
+    down, or, without a broker, the in-process run itself) would turn it into a 500. The version
+    stays ``pending`` (or ``validating`` with a heartbeat that goes stale) and the sweep queues it again.
+    """
     from registry.tasks import validate_version
 
-    validate_version.delay(version_id)
+    try:
+        validate_version.delay(version_id)
+    except Exception:
+        logger.exception("could not queue or run the validation of version %s; the sweep queues it again", version_id)
+
+
+def _requeue_validation(version_id: int) -> None:
+    """Queue a validation that the sweep found lost.
+
+    Without a broker Celery runs a task on the thread that sends it, here the embedded scheduler's,
+    which would stop every other periodic job until the validation ended; the in-process worker
+    thread runs it instead.
+    """
+    from registry.tasks import validate_version
+
+    if validate_version.app.conf.task_always_eager:
+        from registry import inprocess
+
+        inprocess.submit_validation(version_id)
+    else:
+        _enqueue_validation(version_id)
 
 
 # --- Models ------------------------------------------------------------------------------------
@@ -166,24 +195,38 @@ def version_create(
     return version
 
 
-def version_claim_for_validation(*, version_id: int) -> bool:
+def version_claim_for_validation(*, version_id: int, max_attempts: int) -> bool:
     """Move a version to ``validating`` if it is pending, or if its validator stopped heartbeating.
 
     Returns False when another live worker holds it or it is already decided, which makes a
-    task that is delivered twice harmless.
+    task that is delivered twice harmless. Each claim counts as an attempt. A version whose
+    ``max_attempts`` are spent is not claimed again but ends ``failed``: an attempt that left it
+    claimable never finished (its worker was killed, say), and a poison model would otherwise be
+    redelivered and swept back for ever.
     """
     now = timezone.now()
     stale_before = now - timedelta(seconds=settings.VALIDATION_STALE_SECONDS)
-    claimable = Q(status=VersionStatus.PENDING) | Q(
-        status=VersionStatus.VALIDATING, validation_heartbeat_at__lt=stale_before
+    claimable = ModelVersion.objects.filter(
+        Q(status=VersionStatus.PENDING) | Q(status=VersionStatus.VALIDATING, validation_heartbeat_at__lt=stale_before),
+        pk=version_id,
     )
-    claimed = ModelVersion.objects.filter(claimable, pk=version_id).update(
+    claimed = claimable.filter(validation_attempts__lt=max_attempts).update(
         status=VersionStatus.VALIDATING,
         validation_started_at=now,
         validation_heartbeat_at=now,
         validation_attempts=F("validation_attempts") + 1,
     )
-    return bool(claimed)
+    if claimed:
+        return True
+    # Claimed once more only to record the end, so two deliveries cannot both record it.
+    if claimable.update(status=VersionStatus.VALIDATING, validation_heartbeat_at=now):
+        attempts = ModelVersion.objects.values_list("validation_attempts", flat=True).get(pk=version_id)
+        error = (
+            f"validation gave up after {attempts} attempts: the last one never finished, because the process "
+            "validating it was lost (killed, or restarted)"
+        )
+        version_record_validation(version_id=version_id, result=ValidationResult(errors=[error]))
+    return False
 
 
 def version_release_claim(*, version_id: int, error: str, give_up: int) -> bool:
@@ -255,7 +298,7 @@ def version_requeue_stuck(*, pending_older_than: timedelta) -> list[int]:
         ).values_list("pk", flat=True)
     )
     for version_id in ids:
-        _enqueue_validation(version_id)
+        _requeue_validation(version_id)
     return ids
 
 

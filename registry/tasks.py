@@ -20,7 +20,7 @@ MAX_VALIDATION_ATTEMPTS = 5
 
 @shared_task(acks_late=True, reject_on_worker_lost=True, bind=True, max_retries=MAX_VALIDATION_ATTEMPTS)
 def validate_version(self: Any, version_id: int) -> str:
-    if not services.version_claim_for_validation(version_id=version_id):
+    if not services.version_claim_for_validation(version_id=version_id, max_attempts=MAX_VALIDATION_ATTEMPTS):
         return "skipped"
     version = ModelVersion.objects.select_related("model").get(pk=version_id)
     try:

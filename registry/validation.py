@@ -1,12 +1,17 @@
 """Validation of an uploaded ONNX bundle, from protobuf checks to one real ONNX Runtime run.
 
 Everything here works on files in a local folder (the version's files, under their upload
-names) and returns findings a person can read; nothing touches the database.
+names) and returns findings a person can read; nothing touches the database. ``validate_bundle``
+runs inside the child process of ``registry.validation_process``, under its time and memory
+limits: a hostile model can make the checker, shape inference or ONNX Runtime allocate or loop
+without bound, and only a separate process can be stopped safely.
 """
 
 from __future__ import annotations
 
+import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path, PurePosixPath
@@ -17,6 +22,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from registry.datatypes import ONNX_TO_PROTOCOL, numpy_of_ort_type
+from registry.validation_process import mentions_allocation_failure
 
 
 @dataclass(frozen=True)
@@ -93,12 +99,34 @@ class ValidationResult:
         return not self.errors
 
 
+def printable(text: str) -> str:
+    """``text`` with control characters escaped, so a hostile name reads plainly (and PostgreSQL stores it)."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else f"\\x{ord(char):02x}" for char in text)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     # ORT prefixes messages with a C++ source location; keep what a person can act on.
     if "] : " in text and text.startswith("[ONNXRuntimeError]"):
         text = text.split("] : ", 1)[1]
-    return text
+    return printable(text)
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is an allocation failure, however the library words it."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, MemoryError) or mentions_allocation_failure(str(seen)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _reraise_if_out_of_memory(exc: BaseException) -> None:
+    if out_of_memory(exc):
+        raise MemoryError(_first_line(exc)) from exc
 
 
 def _tensor_spec(value_info: onnx.ValueInfoProto) -> dict[str, Any] | None:
@@ -123,7 +151,7 @@ def extract_signature(model: onnx.ModelProto) -> tuple[dict[str, list[dict[str, 
                 continue
             spec = _tensor_spec(value)
             if spec is None:
-                warnings.append(f"{key[:-1]} '{value.name}' is not a tensor; it cannot be served over /v2")
+                warnings.append(f"{key[:-1]} '{printable(value.name)}' is not a tensor; it cannot be served over /v2")
                 continue
             signature[key].append(spec)
     return signature, warnings
@@ -141,10 +169,13 @@ def check_external_data(model: onnx.ModelProto, bundle_dir: Path, file_names: se
             continue
         entries = {entry.key: entry.value for entry in tensor.external_data}
         location = entries.get("location", "")
-        where = f"tensor '{tensor.name}' stores its data in '{location}'"
+        where = f"tensor '{printable(tensor.name)}' stores its data in '{printable(location)}'"
         pure = PurePosixPath(location.replace("\\", "/"))
         if not location:
-            errors.append(f"tensor '{tensor.name}' is marked as external data but names no location")
+            errors.append(f"tensor '{printable(tensor.name)}' is marked as external data but names no location")
+        elif not location.isprintable():
+            # A NUL byte makes every path function raise; no uploaded file name has control characters.
+            errors.append(f"{where}, a name with control characters; no uploaded file can have that name")
         elif pure.is_absolute() or location.startswith(("\\", "/")) or (len(location) > 1 and location[1] == ":"):
             errors.append(f"{where}, an absolute path; external data must be a file uploaded with the model")
         elif ".." in pure.parts or not (root / pure).resolve().is_relative_to(root):
@@ -156,13 +187,28 @@ def check_external_data(model: onnx.ModelProto, bundle_dir: Path, file_names: se
     return errors, used
 
 
+def synthetic_input_bytes(session: Any) -> tuple[int, str]:
+    """How many bytes ``synthetic_inputs`` would allocate, and the largest input, before allocating any."""
+    total, largest, largest_bytes = 0, "", -1
+    for arg in session.get_inputs():
+        dtype = numpy_of_ort_type(arg.type)
+        if dtype is None:
+            continue
+        shape = [dim if isinstance(dim, int) and dim >= 0 else 1 for dim in arg.shape]
+        size = math.prod(shape) * np.dtype(dtype).itemsize  # Python integers: [2**40, 2**40] does not overflow
+        total += size
+        if size > largest_bytes:
+            largest, largest_bytes = f"input '{printable(arg.name)}' has the shape {shape}", size
+    return total, largest
+
+
 def synthetic_inputs(session: Any) -> dict[str, np.ndarray]:
     """Inputs shaped from the signature (dynamic dimensions become 1), filled with ones."""
     feeds: dict[str, np.ndarray] = {}
     for arg in session.get_inputs():
         dtype = numpy_of_ort_type(arg.type)
         if dtype is None:
-            raise TypeError(f"input '{arg.name}' has type {arg.type}, which validation cannot synthesise")
+            raise TypeError(f"input '{printable(arg.name)}' has type {arg.type}, which validation cannot synthesise")
         shape = [dim if isinstance(dim, int) and dim >= 0 else 1 for dim in arg.shape]
         if dtype is np.object_:
             feeds[arg.name] = np.full(shape, "a", dtype=object)
@@ -171,19 +217,36 @@ def synthetic_inputs(session: Any) -> dict[str, np.ndarray]:
     return feeds
 
 
-def validate_bundle(model_path: Path, file_names: set[str]) -> ValidationResult:
-    """Validate ``model_path`` whose sibling files are the version's other files."""
+def _no_step(step: str) -> None:
+    pass
+
+
+def validate_bundle(
+    model_path: Path,
+    file_names: set[str],
+    *,
+    memory_limit_bytes: int | None = None,
+    on_step: Callable[[str], None] = _no_step,
+) -> ValidationResult:
+    """Validate ``model_path`` whose sibling files are the version's other files.
+
+    ``on_step`` hears the name of each step as it starts, so whoever stops a validation can say
+    where it stopped. Allocation failures are raised as ``MemoryError``, whatever library hit them.
+    """
     result = ValidationResult()
     bundle_dir = model_path.parent
+    on_step("loading the model")
     try:
         model = onnx.load(str(model_path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - protobuf raises several types
+        _reraise_if_out_of_memory(exc)
         result.errors.append(f"the file is not a readable ONNX model: {_first_line(exc)}")
         return result
 
     result.ir_version = model.ir_version
-    result.opset = [{"domain": op.domain or "ai.onnx", "version": op.version} for op in model.opset_import]
-    result.producer = {"name": model.producer_name, "version": model.producer_version}
+    # Any string of the model may hold a NUL byte, which PostgreSQL cannot store in JSON: escape them.
+    result.opset = [{"domain": printable(op.domain) or "ai.onnx", "version": op.version} for op in model.opset_import]
+    result.producer = {"name": printable(model.producer_name), "version": printable(model.producer_version)}
 
     # Locations are checked before anything opens them, so a hostile path is never read.
     errors, result.external_data_files = check_external_data(model, bundle_dir, file_names)
@@ -192,17 +255,21 @@ def validate_bundle(model_path: Path, file_names: set[str]) -> ValidationResult:
         result.errors += errors
         return result
 
+    on_step("running onnx.checker")
     try:
         onnx.checker.check_model(str(model_path), full_check=True)
     except Exception as exc:  # noqa: BLE001 - checker and inference errors share no base
+        _reraise_if_out_of_memory(exc)
         result.errors.append(f"onnx.checker rejected the model: {_first_line(exc)}")
         return result
 
+    on_step("inferring shapes")
     inferred_path = bundle_dir / f".inferred-{os.getpid()}.onnx"
     try:
         onnx.shape_inference.infer_shapes_path(str(model_path), str(inferred_path), strict_mode=True)
         inferred = onnx.load(str(inferred_path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001
+        _reraise_if_out_of_memory(exc)
         result.errors.append(f"shape inference failed: {_first_line(exc)}")
         return result
     finally:
@@ -210,27 +277,64 @@ def validate_bundle(model_path: Path, file_names: set[str]) -> ValidationResult:
 
     result.signature, warnings = extract_signature(inferred)
     result.warnings += warnings
-    result.errors += _run_once(model_path, result)
+    for key in ("inputs", "outputs"):
+        for spec in result.signature[key]:
+            if "\x00" in spec["name"]:
+                result.errors.append(f"{key[:-1]} '{printable(spec['name'])}' has a NUL byte in its name")
+                spec["name"] = printable(spec["name"])
+    if result.errors:
+        return result
+    result.errors += _run_once(model_path, result, memory_limit_bytes=memory_limit_bytes, on_step=on_step)
     return result
 
 
-def _run_once(model_path: Path, result: ValidationResult) -> list[str]:
+def _run_once(
+    model_path: Path, result: ValidationResult, *, memory_limit_bytes: int | None, on_step: Callable[[str], None]
+) -> list[str]:
     import onnxruntime as ort
 
+    on_step("loading the model into ONNX Runtime")
     options = ort.SessionOptions()
+    # One thread: the test run needs no speed, and every extra thread reserves address space that
+    # counts against the memory limit.
     options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.log_severity_level = 3
     try:
         session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
+        _reraise_if_out_of_memory(exc)
         return [f"ONNX Runtime could not load the model: {_first_line(exc)}"]
+    needed, largest = synthetic_input_bytes(session)
+    if memory_limit_bytes is not None and needed > memory_limit_bytes:
+        # Refused before numpy tries: a fixed shape such as [2**40, 2**40] would need exabytes.
+        return [
+            f"the test run needs {_size(needed)} for its synthetic inputs ({largest}), more than the "
+            f"{memory_limit_bytes // 2**20} MB validation may use (MODELYARD_VALIDATION_MEMORY_MB)"
+        ]
     try:
         feeds = synthetic_inputs(session)
     except TypeError as exc:
         result.warnings.append(f"skipped the test run: {exc}")
         return []
+    except ValueError as exc:  # numpy refuses shapes it cannot address at all
+        return [f"the test run cannot build its synthetic inputs ({largest}): {_first_line(exc)}"]
+    on_step("running the model once in ONNX Runtime")
     try:
         session.run(None, feeds)
     except Exception as exc:  # noqa: BLE001
+        _reraise_if_out_of_memory(exc)
         return [f"ONNX Runtime could not run the model on synthetic inputs: {_first_line(exc)}"]
     return []
+
+
+def _size(size: int) -> str:
+    if size < 1024:
+        return f"{size} bytes"
+    units = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"]
+    value = size / 1024
+    while value >= 1024 and len(units) > 1:
+        value /= 1024
+        units.pop(0)
+    return f"{value:,.1f} {units[0]}"

@@ -11,13 +11,14 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
 from registry import services
 from registry.models import FileRole, ModelFile, ModelVersion
-from registry.validation import ValidationResult, validate_bundle
-from storage import ObjectNotFound, get_storage
+from registry.validation import ValidationResult, printable
+from registry.validation_process import validate_in_child
+from storage import ObjectNotFound, StorageUnavailable, get_storage
 from storage.base import copy_stream
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,22 @@ def fetch_version_files(version: ModelVersion, target: Path) -> Path:
 
 
 def validate_stored_version(version: ModelVersion) -> ValidationResult:
+    """Fetch the version's files and validate them in a child process under the configured limits.
+
+    Every outcome is a result to record, except the two that may pass: storage that cannot be
+    reached (the caller retries) and a database error (the version stays claimed and the sweep
+    takes it over once its heartbeat is stale, within the attempt limit).
+    """
+    try:
+        return _validate_stored_version(version)
+    except (StorageUnavailable, DatabaseError):
+        raise
+    except Exception as exc:  # anything else would fail again on every retry: record it
+        logger.exception("validation of version %s could not finish", version.pk)
+        return ValidationResult(errors=[f"validation could not finish: {type(exc).__name__}: {printable(str(exc))}"])
+
+
+def _validate_stored_version(version: ModelVersion) -> ValidationResult:
     work_root = Path(settings.VALIDATION_WORK_DIR)
     work_root.mkdir(parents=True, exist_ok=True)
     with heartbeat(version.pk), tempfile.TemporaryDirectory(prefix=f"v{version.pk}-", dir=work_root) as tmp:
@@ -75,7 +92,12 @@ def validate_stored_version(version: ModelVersion) -> ValidationResult:
         except ObjectNotFound as exc:
             return ValidationResult(errors=[f"a stored file of this version is missing from storage: {exc}"])
         names = {item.name for item in version.files.all()}
-        return validate_bundle(model_path, names)
+        return validate_in_child(
+            model_path,
+            names,
+            timeout_seconds=settings.VALIDATION_TIMEOUT_SECONDS,
+            memory_mb=settings.VALIDATION_MEMORY_MB,
+        )
 
 
 def collect_orphans(*, grace: timedelta) -> list[str]:

@@ -105,3 +105,71 @@ def slow_model(*, size: int = 1024, layers: int = 300) -> onnx.ModelProto:
         nodes.append(helper.make_node("MatMul", [previous, "w"], [output]))
         previous = output
     return _model(helper.make_graph(nodes, "slow", [x], [y], [w]))
+
+
+# --- Hostile models: tiny files that make validation loop or allocate without bound ------------------------
+
+
+def endless_loop_model(trip_count: int = 2**62) -> onnx.ModelProto:
+    """A ``Loop`` whose body passes its value through, ``trip_count`` times: about 250 bytes that run for ever."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    body = helper.make_graph(
+        [helper.make_node("Identity", ["cond"], ["cond_out"]), helper.make_node("Identity", ["v"], ["v_out"])],
+        "body",
+        [
+            helper.make_tensor_value_info("i", TensorProto.INT64, []),
+            helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v", TensorProto.FLOAT, [1]),
+        ],
+        [
+            helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            helper.make_tensor_value_info("v_out", TensorProto.FLOAT, [1]),
+        ],
+    )
+    trips = numpy_helper.from_array(np.array(trip_count, dtype=np.int64), "trips")
+    keep_going = numpy_helper.from_array(np.array(True), "keep_going")
+    node = helper.make_node("Loop", ["trips", "keep_going", "x"], ["y"], body=body)
+    return _model(helper.make_graph([node], "endless", [x], [y], [trips, keep_going]))
+
+
+def allocation_model(elements: int = 2**27) -> onnx.ModelProto:
+    """``ConstantOfShape`` of ``elements`` floats, then ``Add``: about 150 bytes that allocate 8 bytes per element."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [elements])
+    shape = numpy_helper.from_array(np.array([elements], dtype=np.int64), "shape")
+    one = helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])
+    nodes = [
+        helper.make_node("ConstantOfShape", ["shape"], ["filled"], value=one),
+        helper.make_node("Add", ["filled", "x"], ["y"]),
+    ]
+    return _model(helper.make_graph(nodes, "allocates", [x], [y], [shape]))
+
+
+def nested_if_model(depth: int) -> onnx.ModelProto:
+    """``If`` nodes nested ``depth`` deep, each holding the level below in both branches (2**depth leaves).
+
+    The file grows as 2**depth, and what the checker and ONNX Runtime build from it grows faster.
+    """
+
+    def level(d: int) -> onnx.GraphProto:
+        out = helper.make_tensor_value_info(f"o{d}", TensorProto.FLOAT, [1])
+        if d == 0:
+            return helper.make_graph([helper.make_node("Identity", ["x"], ["o0"])], "leaf", [], [out])
+        below = level(d - 1)
+        node = helper.make_node("If", ["cond"], [f"o{d}"], then_branch=below, else_branch=below)
+        return helper.make_graph([node], f"level{d}", [], [out])
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    cond = helper.make_tensor_value_info("cond", TensorProto.BOOL, [])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    below = level(depth - 1)
+    node = helper.make_node("If", ["cond"], ["y"], then_branch=below, else_branch=below)
+    return _model(helper.make_graph([node], "nested", [x, cond], [y]))
+
+
+def huge_input_model() -> onnx.ModelProto:
+    """Identity on an input of the fixed shape [2**40, 2**40]: synthetic inputs for it cannot exist."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2**40, 2**40])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2**40, 2**40])
+    return _model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "huge", [x], [y]))

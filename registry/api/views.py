@@ -106,9 +106,13 @@ class VersionListUpload(generics.ListAPIView[ModelVersion]):
         try:
             version = self._create_version(request, model)
         except BaseException:
+            # Nothing was committed: version_create either raised before its commit or was never
+            # reached (queueing after the commit never raises). The written objects are no one's.
             handler.abort()
             _delete_quietly(handler.written_keys)
             raise
+        # From here on the version exists: its files stay, and the answer is 201 whatever happens.
+        version.refresh_from_db()  # in-process validation may already have finished
         return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED)
 
     def _create_version(self, request: Request, model: RegisteredModel) -> ModelVersion:
@@ -128,11 +132,9 @@ class VersionListUpload(generics.ListAPIView[ModelVersion]):
             services.StoredFile(name=u.name or "", storage_key=u.storage_key, sha256=u.sha256, size_bytes=u.size or 0)
             for u in uploads
         ]
-        version = services.version_create(
+        return services.version_create(
             model=model, files=files, **fields.validated_data, actor=actor_from_request(request)
         )
-        version.refresh_from_db()  # in-process validation may already have finished
-        return version
 
 
 def _delete_quietly(keys: list[str]) -> None:

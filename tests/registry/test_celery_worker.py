@@ -7,7 +7,10 @@ the test database and artifact folder with the test, so every row they need must
 
 from __future__ import annotations
 
+import base64
+import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -23,7 +26,8 @@ from django.utils import timezone
 
 from registry import services, tasks
 from registry.models import AuditEvent, ModelVersion, VersionStatus
-from tests.onnx_models import add_model_bytes, slow_model, unknown_op_model
+from storage import get_storage
+from tests.onnx_models import add_model_bytes, endless_loop_model, external_data_model, slow_model, unknown_op_model
 from tests.processes import kill_group
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -70,21 +74,30 @@ def _reset_producer_pool(app: Any) -> None:
 
 
 @pytest.fixture
-def celery_on_redis(redis_db: None) -> Iterator[None]:
-    """Make this process send tasks to the Redis broker instead of running them in-process."""
+def send_tasks_to() -> Iterator[Callable[[str], None]]:
+    """Make this process send tasks to a broker URL instead of running them in-process; restored afterwards."""
     from modelyard.celery import app
 
     keys = ("task_always_eager", "broker_url", "broker_transport_options")
     saved = {key: app.conf[key] for key in keys}
-    _reset_producer_pool(app)
-    app.conf.update(
-        task_always_eager=False,
-        broker_url=BROKER_URL,
-        broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT},
-    )
-    yield
+
+    def point(url: str) -> None:
+        _reset_producer_pool(app)
+        app.conf.update(
+            task_always_eager=False,
+            broker_url=url,
+            broker_transport_options={"visibility_timeout": VISIBILITY_TIMEOUT},
+        )
+
+    yield point
     _reset_producer_pool(app)
     app.conf.update(saved)
+
+
+@pytest.fixture
+def celery_on_redis(redis_db: None, send_tasks_to: Callable[[str], None]) -> None:
+    """Make this process send tasks to the Redis broker instead of running them in-process."""
+    send_tasks_to(BROKER_URL)
 
 
 class Worker:
@@ -258,6 +271,7 @@ def test_a_task_delivered_twice_validates_once(owner, registered, monkeypatch):
 def test_requeue_stuck_picks_lost_validations_only(owner, registered, monkeypatch, settings):
     queued: list[int] = []
     monkeypatch.setattr(services, "_enqueue_validation", queued.append)
+    monkeypatch.setattr(services, "_requeue_validation", queued.append)
     settings.VALIDATION_STALE_SECONDS = STALE_SECONDS
     now = timezone.now()
     long_ago = now - timedelta(minutes=30)
@@ -289,6 +303,120 @@ def test_requeue_stuck_picks_lost_validations_only(owner, registered, monkeypatc
         version.refresh_from_db()
         assert version.status == VersionStatus.READY
         assert len(validate_events(version)) == 1
+
+
+def test_a_version_whose_attempts_are_spent_ends_failed_instead_of_being_claimed_again(
+    owner, registered, monkeypatch, settings
+):
+    requeued: list[int] = []
+    monkeypatch.setattr(services, "_enqueue_validation", lambda version_id: None)
+    monkeypatch.setattr(services, "_requeue_validation", requeued.append)
+    settings.VALIDATION_STALE_SECONDS = STALE_SECONDS
+    version = upload(owner, registered, "model.onnx", add_model_bytes())
+    # Every delivery so far claimed it and then lost its worker (a poison model, say, that got the
+    # worker killed), leaving it validating with a stale heartbeat. Redelivery and the sweep bring it back.
+    ModelVersion.objects.filter(pk=version.pk).update(
+        status=VersionStatus.VALIDATING,
+        validation_attempts=tasks.MAX_VALIDATION_ATTEMPTS,
+        validation_heartbeat_at=timezone.now() - timedelta(seconds=10),
+    )
+    assert services.version_requeue_stuck(pending_older_than=timedelta(minutes=5)) == [version.pk]
+
+    assert tasks.validate_version(version.pk) == "skipped"
+
+    version.refresh_from_db()
+    assert version.status == VersionStatus.FAILED
+    assert version.errors == [
+        "validation gave up after 5 attempts: the last one never finished, because the process validating it "
+        "was lost (killed, or restarted)"
+    ]
+    assert version.validation_attempts == 5
+    [event] = validate_events(version)
+    assert event.after == {"status": "failed", "errors": version.errors}
+    requeued.clear()
+    assert services.version_requeue_stuck(pending_older_than=timedelta(minutes=0)) == []
+    assert tasks.validate_version(version.pk) == "skipped"
+    assert len(validate_events(version)) == 1
+
+
+def _nul_location_files(folder: Path) -> list[tuple[str, bytes]]:
+    path = external_data_model(folder, location="weights\x00.bin")
+    return [("model.onnx", path.read_bytes()), ("weights.bin", (folder / "weights.bin").read_bytes())]
+
+
+@pytest.mark.parametrize(
+    ("files", "error"),
+    [
+        (
+            _nul_location_files,
+            "tensor 'w' stores its data in 'weights\\x00.bin', a name with control characters; "
+            "no uploaded file can have that name",
+        ),
+        (
+            lambda folder: [("loop.onnx", endless_loop_model().SerializeToString())],
+            "validation stopped after 2 s (MODELYARD_VALIDATION_TIMEOUT_SECONDS) while running the model once in "
+            "ONNX Runtime",
+        ),
+    ],
+    ids=["nul-byte-in-location", "endless-loop"],
+)
+def test_a_hostile_model_fails_on_its_first_delivery_and_is_not_retried(
+    owner, registered, monkeypatch, settings, tmp_path, files, error
+):
+    monkeypatch.setattr(services, "_enqueue_validation", lambda version_id: None)
+    settings.VALIDATION_TIMEOUT_SECONDS = 2
+    response = owner.upload(registered, files(tmp_path / "m"))
+    assert response.status_code == 201, response.content
+    version = ModelVersion.objects.get()
+    assert version.status == VersionStatus.PENDING
+
+    assert tasks.validate_version(version.pk) == "done"
+
+    version.refresh_from_db()
+    assert version.status == VersionStatus.FAILED
+    assert version.errors == [error]
+    assert version.validation_attempts == 1
+    assert tasks.validate_version(version.pk) == "skipped"
+    assert len(validate_events(version)) == 1
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_an_upload_with_the_broker_down_answers_201_keeps_its_files_and_is_swept_later(
+    owner, registered, redis_db, send_tasks_to, caplog
+):
+    send_tasks_to(f"redis://127.0.0.1:{_closed_port()}/0")
+    data = add_model_bytes()
+
+    response = owner.upload(registered, [("model.onnx", data)])
+
+    assert response.status_code == 201, response.content
+    assert response.json()["status"] == "pending"
+    version = ModelVersion.objects.get()
+    assert version.status == VersionStatus.PENDING
+    [item] = version.files.all()
+    with get_storage().open(item.storage_key) as stream:
+        assert stream.read() == data
+    assert f"could not queue or run the validation of version {version.pk}" in caplog.text
+
+    # The broker is back; once the version has waited long enough, the sweep queues it.
+    send_tasks_to(BROKER_URL)
+    ModelVersion.objects.filter(pk=version.pk).update(created_at=timezone.now() - timedelta(minutes=10))
+    assert tasks.sweep_stuck_versions() == [version.pk]
+
+    import redis
+
+    client = redis.Redis.from_url(BROKER_URL)
+    [raw] = client.lrange("celery", 0, -1)
+    client.close()
+    message = json.loads(raw)
+    assert message["headers"]["task"] == "registry.tasks.validate_version"
+    args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+    assert args == [version.pk]
 
 
 def test_worker_command_line_passes_options_to_celery():
