@@ -48,6 +48,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "modelyard.middleware.ReplaceNulInURL",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -132,6 +133,8 @@ S3_MAX_CONCURRENCY = env_int("MODELYARD_S3_MAX_CONCURRENCY", 4, minimum=1)
 MAX_UPLOAD_BYTES = env_int("MODELYARD_MAX_UPLOAD_BYTES", 8 * 1024**3, minimum=1)
 # Every other request body (JSON, forms) is refused past this size before it is read.
 MAX_REQUEST_BODY_BYTES = env_int("MODELYARD_MAX_REQUEST_BODY_BYTES", 16 * 1024**2, minimum=1024)
+# JSON bodies and JSON form fields nested deeper than this are refused with a 400 (far below the stack limit).
+MAX_JSON_DEPTH = env_int("MODELYARD_MAX_JSON_DEPTH", 64, minimum=1)
 # Uploaded files are spooled to disk as they arrive; nothing over this stays in memory.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 FILE_UPLOAD_TEMP_DIR = env_str("MODELYARD_UPLOAD_TEMP_DIR") or None
@@ -177,6 +180,11 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["registry.permissions.ReadAuthenticatedWriteMaintainer"],
+    "DEFAULT_PARSER_CLASSES": [
+        "registry.api.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_PAGINATION_CLASS": "registry.api.pagination.Pagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "registry.api.errors.exception_handler",
