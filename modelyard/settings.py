@@ -17,6 +17,7 @@ from modelyard.env import (
     env_float,
     env_int,
     env_list,
+    env_networks,
     env_str,
     load_or_create_secret,
     storage_from_url,
@@ -30,6 +31,8 @@ SECRET_KEY = env_str("MODELYARD_SECRET_KEY") or load_or_create_secret(DATA_DIR /
 DEBUG = env_bool("MODELYARD_DEBUG", False)
 ALLOWED_HOSTS = env_list("MODELYARD_ALLOWED_HOSTS", ["*"])
 CSRF_TRUSTED_ORIGINS = env_list("MODELYARD_CSRF_TRUSTED_ORIGINS", [])
+# Reverse proxies whose X-Forwarded-For and X-Request-ID are believed; from anyone else they are ignored.
+TRUSTED_PROXIES = env_networks("MODELYARD_TRUSTED_PROXIES")
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -2,21 +2,36 @@
 
 Changes append their event inside their own transaction. Failed logins and denied writes have
 no change transaction, so they append in one of their own.
+
+What a request tells about itself is recorded only as far as a client cannot forge it or break the
+insert with it: the address is the direct peer's unless that peer is a trusted proxy
+(``MODELYARD_TRUSTED_PROXIES``), X-Request-ID is taken only from such a proxy, NUL characters
+(which PostgreSQL cannot store) are replaced, and lengths are capped.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import re
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from registry.auth import split_token
 from registry.models import AuditChainHead, AuditEvent
+
+# A request id a trusted proxy may pass on: short, and nothing that needs escaping anywhere.
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,64}")
+# Where the request id made for a request is kept, so that every event of the request shares it.
+REQUEST_ID_KEY = "modelyard.request_id"
+# Unauthenticated callers choose their path and user agent: record enough to recognise them, no more.
+AUTH_FAILED_TEXT_LIMIT = 256
 
 
 @dataclass(frozen=True)
@@ -41,19 +56,74 @@ SYSTEM = Actor()
 
 def actor_from_request(request: Any) -> Actor:
     meta = request.META
-    forwarded = meta.get("HTTP_X_FORWARDED_FOR", "")
-    ip = forwarded.split(",")[0].strip() if forwarded else meta.get("REMOTE_ADDR", "")
+    ip, from_proxy = client_address(meta)
     auth = getattr(request, "auth", None)
     user = getattr(request, "user", None)
     user = user if getattr(user, "is_authenticated", False) else None
     return Actor(
         user=user,
         token_id=getattr(auth, "pk", None),
-        ip=(ip or "")[:64],
-        user_agent=meta.get("HTTP_USER_AGENT", "")[:512],
-        request_id=meta.get("HTTP_X_REQUEST_ID", "")[:64] or uuid.uuid4().hex,
+        ip=ip,
+        user_agent=clean_text(meta.get("HTTP_USER_AGENT", ""), 512),
+        request_id=request_id(meta, from_proxy=from_proxy),
         label="anonymous",
     )
+
+
+def clean_text(value: str, limit: int) -> str:
+    """A client's string as recorded: NUL, which PostgreSQL cannot store, becomes U+FFFD; at most ``limit`` long."""
+    return value.replace("\x00", "\ufffd")[:limit]
+
+
+def client_address(meta: dict[str, Any]) -> tuple[str, bool]:
+    """The client's address, and whether the request came through a trusted proxy.
+
+    X-Forwarded-For is read only when the direct peer is a trusted proxy, and from the right: each
+    trusted proxy appended the address it was talking to, so the first hop that is not a trusted
+    proxy is the client, and whatever a client wrote further left is never reached. A hop that is
+    not an address ends the walk at the last proxy that passed it on.
+    """
+    remote = str(meta.get("REMOTE_ADDR") or "")
+    peer = _address(remote)
+    if peer is None or not _trusted(peer):
+        return clean_text(remote, 64), False
+    client = peer
+    for hop in reversed(str(meta.get("HTTP_X_FORWARDED_FOR", "")).split(",")):
+        address = _address(hop)
+        if address is None:
+            break
+        client = address
+        if not _trusted(address):
+            break
+    return str(client), True
+
+
+def request_id(meta: dict[str, Any], *, from_proxy: bool) -> str:
+    """X-Request-ID when a trusted proxy sent a plain one of at most 64 characters; otherwise one made here."""
+    given = str(meta.get("HTTP_X_REQUEST_ID", ""))
+    if from_proxy and REQUEST_ID.fullmatch(given):
+        return given
+    made: str = meta.setdefault(REQUEST_ID_KEY, uuid.uuid4().hex)
+    return made
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    text = text.strip()
+    if text.startswith("["):  # [2001:db8::1]:443
+        text = text[1:].partition("]")[0]
+    elif text.count(":") == 1:  # 192.0.2.1:443
+        text = text.partition(":")[0]
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped  # ::ffff:10.0.0.1 is 10.0.0.1, and matches 10.0.0.0/8
+    return address
+
+
+def _trusted(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    return any(address in network for network in settings.TRUSTED_PROXIES)
 
 
 def audit_record(
@@ -105,13 +175,21 @@ def audit_auth_failed(*, request: Any, target_type: str, target: str, reason: st
     actor = actor_from_request(request) if request is not None else Actor(label="anonymous")
     after = {"reason": reason}
     if request is not None:
-        after |= {"method": request.method, "path": request.path[:1024]}
+        after |= {
+            "method": clean_text(request.method or "", 16),
+            "path": clean_text(request.path, AUTH_FAILED_TEXT_LIMIT),
+        }
     with transaction.atomic():
         return audit_record(
-            actor=Actor(ip=actor.ip, user_agent=actor.user_agent, request_id=actor.request_id, label="anonymous"),
+            actor=Actor(
+                ip=actor.ip,
+                user_agent=actor.user_agent[:AUTH_FAILED_TEXT_LIMIT],
+                request_id=actor.request_id,
+                label="anonymous",
+            ),
             action="auth.failed",
             target_type=target_type,
-            target=target[:255],
+            target=clean_text(target, 255),
             after=after,
         )
 
@@ -125,14 +203,15 @@ def audit_token_rejected(*, request: Any, reason: str) -> AuditEvent:
 
 
 def audit_access_denied(*, request: Any, reason: str) -> AuditEvent:
-    """Record a write the caller was not allowed to make."""
+    """Record something the caller was not allowed to do."""
+    method, path = clean_text(request.method or "", 16), clean_text(request.path, 1024)
     with transaction.atomic():
         return audit_record(
             actor=actor_from_request(request),
             action="access.denied",
             target_type="request",
-            target=f"{request.method} {request.path}"[:255],
-            after={"method": request.method, "path": request.path[:1024], "reason": reason},
+            target=f"{method} {path}"[:255],
+            after={"method": method, "path": path, "reason": reason},
         )
 
 
