@@ -174,6 +174,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "sweep-stuck-versions": {"task": "registry.tasks.sweep_stuck_versions", "schedule": 60.0},
     "expire-promotions": {"task": "registry.tasks.expire_promotions", "schedule": 300.0},
     "collect-orphaned-artifacts": {"task": "registry.tasks.collect_orphaned_artifacts", "schedule": 3600.0},
+    "summarise-auth-failures": {"task": "registry.tasks.summarise_auth_failures", "schedule": 60.0},
 }
 
 # --- API -------------------------------------------------------------------------------------
