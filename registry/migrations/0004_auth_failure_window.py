@@ -1,11 +1,21 @@
-"""Failed authentications counted per source and minute, beside the append-only audit chain."""
+"""Failed authentications counted per source and minute; the role groups, so the admin can grant each one."""
 
 from django.db import migrations, models
+
+# Role.values when this migration was written; a migration must not import code that may change.
+ROLES = ["viewer", "maintainer", "approver", "auditor", "inference", "admin"]
+
+
+def create_role_groups(apps, schema_editor):
+    Group = apps.get_model("auth", "Group")
+    for name in ROLES:
+        Group.objects.get_or_create(name=name)
 
 
 class Migration(migrations.Migration):
     dependencies = [
         ("registry", "0003_audit_append_only"),
+        ("auth", "0012_alter_user_first_name_max_length"),
     ]
 
     operations = [
@@ -25,4 +35,5 @@ class Migration(migrations.Migration):
                 ],
             },
         ),
+        migrations.RunPython(create_role_groups, migrations.RunPython.noop),
     ]
