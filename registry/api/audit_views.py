@@ -34,6 +34,8 @@ MAX_SEQ = 2**63 - 1
 BAD_CURSOR = "invalid 'cursor': follow a page's 'next' or 'previous' link unchanged"
 # Rows fetched per database round trip and written per streamed chunk.
 EXPORT_CHUNK = 2000
+# A CSV cell starting with one of these is a formula to spreadsheets (OWASP CSV injection).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 # Field name in the database, column name in exports (the same names the hash covers).
 EXPORT_COLUMNS = [
     ("seq", "seq"),
@@ -219,6 +221,10 @@ def _csv_cell(value: Any) -> Any:
         return json.dumps(value, sort_keys=True, separators=(",", ":"))
     if hasattr(value, "isoformat"):
         return value.isoformat()
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        # OWASP CSV injection: a spreadsheet would run "=HYPERLINK(...)" from an actor, target or
+        # user agent a client chose. The quote makes it text; JSONL stays exact for recomputing hashes.
+        return "'" + value
     return value
 
 
