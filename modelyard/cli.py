@@ -35,7 +35,10 @@ def serve(args: argparse.Namespace) -> int:
         port=args.port,
         workers=args.workers,
         log_level=args.log_level,
-        proxy_headers=True,
+        # Which forwarded headers to believe is decided per request from MODELYARD_TRUSTED_PROXIES
+        # (registry.clients.client_address). uvicorn's own handling would believe any X-Forwarded-For
+        # sent from 127.0.0.1 and hide the real peer, which that decision needs.
+        proxy_headers=False,
         lifespan="on",
     )
     return 0

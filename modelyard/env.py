@@ -6,6 +6,7 @@ an operator can act on. ``NAME_FILE`` is accepted wherever a secret may be passe
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,6 +136,20 @@ def cache_from_url(name: str, url: str | None) -> dict[str, dict[str, object]]:
             "OPTIONS": {"socket_connect_timeout": 1.0, "socket_timeout": 1.0},
         }
     }
+
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def env_networks(name: str) -> tuple[IPNetwork, ...]:
+    """Comma-separated IP addresses or CIDR blocks (``10.0.0.0/8, 2001:db8::/32``); unset means none."""
+    networks = []
+    for item in env_list(name, []):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError as exc:
+            raise ImproperlyConfigured(f"{name}: {item!r} is not an IP address or CIDR block") from exc
+    return tuple(networks)
 
 
 def database_from_url(name: str, url: str) -> dict[str, object]:

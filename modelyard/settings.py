@@ -18,6 +18,7 @@ from modelyard.env import (
     env_float,
     env_int,
     env_list,
+    env_networks,
     env_rate,
     env_str,
     load_or_create_secret,
@@ -32,6 +33,8 @@ SECRET_KEY = env_str("MODELYARD_SECRET_KEY") or load_or_create_secret(DATA_DIR /
 DEBUG = env_bool("MODELYARD_DEBUG", False)
 ALLOWED_HOSTS = env_list("MODELYARD_ALLOWED_HOSTS", ["*"])
 CSRF_TRUSTED_ORIGINS = env_list("MODELYARD_CSRF_TRUSTED_ORIGINS", [])
+# Reverse proxies whose X-Forwarded-For and X-Request-ID are believed; from anyone else they are ignored.
+TRUSTED_PROXIES = env_networks("MODELYARD_TRUSTED_PROXIES")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -50,6 +53,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "modelyard.middleware.ReplaceNulInURL",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -139,6 +143,8 @@ S3_MAX_CONCURRENCY = env_int("MODELYARD_S3_MAX_CONCURRENCY", 4, minimum=1)
 MAX_UPLOAD_BYTES = env_int("MODELYARD_MAX_UPLOAD_BYTES", 8 * 1024**3, minimum=1)
 # Every other request body (JSON, forms) is refused past this size before it is read.
 MAX_REQUEST_BODY_BYTES = env_int("MODELYARD_MAX_REQUEST_BODY_BYTES", 16 * 1024**2, minimum=1024)
+# JSON bodies and JSON form fields nested deeper than this are refused with a 400 (far below the stack limit).
+MAX_JSON_DEPTH = env_int("MODELYARD_MAX_JSON_DEPTH", 64, minimum=1)
 # Uploaded files are spooled to disk as they arrive; nothing over this stays in memory.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 FILE_UPLOAD_TEMP_DIR = env_str("MODELYARD_UPLOAD_TEMP_DIR") or None
@@ -181,6 +187,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "sweep-stuck-versions": {"task": "registry.tasks.sweep_stuck_versions", "schedule": 60.0},
     "expire-promotions": {"task": "registry.tasks.expire_promotions", "schedule": 300.0},
     "collect-orphaned-artifacts": {"task": "registry.tasks.collect_orphaned_artifacts", "schedule": 3600.0},
+    "summarise-auth-failures": {"task": "registry.tasks.summarise_auth_failures", "schedule": 60.0},
 }
 
 # --- Cache -----------------------------------------------------------------------------------
@@ -203,6 +210,11 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["registry.permissions.ReadAuthenticatedWriteMaintainer"],
     "DEFAULT_THROTTLE_CLASSES": ["registry.throttling.TokenRateThrottle", "registry.throttling.ClientAddressThrottle"],
+    "DEFAULT_PARSER_CLASSES": [
+        "registry.api.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_PAGINATION_CLASS": "registry.api.pagination.Pagination",
     "PAGE_SIZE": 50,
     "EXCEPTION_HANDLER": "registry.api.errors.exception_handler",

@@ -25,7 +25,8 @@ def split_token(raw: str) -> tuple[str, str] | None:
     if not raw.startswith(TOKEN_PREFIX):
         return None
     prefix, sep, secret = raw[len(TOKEN_PREFIX) :].partition("_")
-    if not sep or not prefix or not secret:
+    # Prefixes are hex; anything else (a NUL, say) must not reach the database lookup.
+    if not sep or not prefix or not secret or not (prefix.isascii() and prefix.isalnum()):
         return None
     return prefix, secret
 

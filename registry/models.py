@@ -204,6 +204,25 @@ class AuditChainHead(models.Model):
         return f"audit head #{self.last_seq}"
 
 
+class AuthFailureWindow(models.Model):
+    """Failed authentications from one source address in one minute, counted outside the append-only chain."""
+
+    source = models.CharField(max_length=64)
+    window_start = models.DateTimeField()
+    count = models.PositiveIntegerField(default=1)
+    # The auth.failed event that the first failure appended; the summary event names it.
+    first_seq = models.PositiveBigIntegerField(null=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["source", "window_start"], name="unique_auth_failure_window"),
+        ]
+        indexes = [models.Index(fields=["window_start"])]
+
+    def __str__(self) -> str:
+        return f"{self.count} failed authentications from {self.source or '?'} at {self.window_start:%H:%M}"
+
+
 class Alias(models.Model):
     """A named pointer (``production``, ``staging``, ...) from a model to one of its versions."""
 

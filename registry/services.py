@@ -12,6 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.contrib.auth.hashers import is_password_usable
 from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
@@ -21,6 +22,7 @@ from registry.audit import SYSTEM, Actor, audit_record
 from registry.errors import Conflict, UploadRejected
 from registry.models import (
     ApiToken,
+    AuditEvent,
     FileRole,
     ModelFile,
     ModelVersion,
@@ -374,3 +376,100 @@ def token_revoke(*, token: ApiToken, actor: Actor) -> ApiToken:
             after={"user": token.user.get_username(), "name": token.name},
         )
     return token
+
+
+# --- Changes to users made by Django's own forms (the admin) ------------------------------------------
+
+
+@dataclass(frozen=True)
+class UserAccess:
+    """What decides a user's access, compared before and after a change to audit the difference."""
+
+    username: str
+    is_active: bool
+    is_staff: bool
+    is_superuser: bool
+    roles: frozenset[str]
+    groups: frozenset[str]  # groups that are not roles: they carry Django admin permissions
+    permissions: frozenset[str]
+    password: str  # the hash: compared, never recorded
+
+    def recorded(self) -> dict[str, Any]:
+        return {
+            "username": self.username,
+            "is_active": self.is_active,
+            "is_staff": self.is_staff,
+            "is_superuser": self.is_superuser,
+            "roles": sorted(self.roles),
+            "groups": sorted(self.groups),
+            "permissions": sorted(self.permissions),
+            "usable_password": is_password_usable(self.password),
+        }
+
+
+# Recorded in one user.update event when they change; roles and the password have events of their own.
+USER_UPDATE_FIELDS = ("username", "is_active", "is_staff", "is_superuser", "groups", "permissions")
+
+
+def user_access_snapshot(*, user_id: int) -> UserAccess | None:
+    """Lock the user and read its access; runs inside the transaction that will change it."""
+    user = get_user_model().objects.select_for_update().filter(pk=user_id).first()
+    return None if user is None else _user_access(user)
+
+
+def user_access_record(*, user_id: int, before: UserAccess | None, actor: Actor) -> list[AuditEvent]:
+    """Append an audit event for each way the user's access differs from ``before``, in the change's transaction.
+
+    Django's forms (the admin's user pages) make the change; this records it. ``before`` None means
+    the user was just created. Events: ``user.create`` and ``user.delete`` with the whole access,
+    ``user.roles.grant`` and ``user.roles.revoke``, ``user.update`` with the changed fields before
+    and after, and ``user.password.change`` (whether a usable password is set, never the hash).
+    """
+    user = get_user_model().objects.filter(pk=user_id).first()
+    after = None if user is None else _user_access(user)
+    if after is None:
+        if before is None:
+            return []
+        return [_user_event(actor, "user.delete", before.username, before=before.recorded())]
+    if before is None:
+        return [_user_event(actor, "user.create", after.username, after=after.recorded())]
+    events = []
+    if granted := sorted(after.roles - before.roles):
+        events.append(_user_event(actor, "user.roles.grant", after.username, after={"roles": granted}))
+    if revoked := sorted(before.roles - after.roles):
+        events.append(_user_event(actor, "user.roles.revoke", after.username, after={"roles": revoked}))
+    old, new = before.recorded(), after.recorded()
+    if changed := [field for field in USER_UPDATE_FIELDS if old[field] != new[field]]:
+        events.append(
+            _user_event(
+                actor,
+                "user.update",
+                after.username,
+                before={field: old[field] for field in changed},
+                after={field: new[field] for field in changed},
+            )
+        )
+    if before.password != after.password:
+        events.append(
+            _user_event(actor, "user.password.change", after.username, after={"usable": new["usable_password"]})
+        )
+    return events
+
+
+def _user_access(user: Any) -> UserAccess:
+    groups = set(user.groups.values_list("name", flat=True))
+    permissions = user.user_permissions.values_list("content_type__app_label", "codename")
+    return UserAccess(
+        username=user.get_username(),
+        is_active=user.is_active,
+        is_staff=user.is_staff,
+        is_superuser=user.is_superuser,
+        roles=frozenset(groups & set(Role.values)),
+        groups=frozenset(groups - set(Role.values)),
+        permissions=frozenset(f"{app}.{codename}" for app, codename in permissions),
+        password=user.password,
+    )
+
+
+def _user_event(actor: Actor, action: str, username: str, **values: Any) -> AuditEvent:
+    return audit_record(actor=actor, action=action, target_type="user", target=username, **values)

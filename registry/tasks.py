@@ -9,7 +9,7 @@ from typing import Any
 from celery import shared_task
 from django.conf import settings
 
-from registry import promotions, services, work
+from registry import audit, promotions, services, work
 from registry.models import ModelVersion
 from storage import StorageUnavailable
 
@@ -50,3 +50,13 @@ def collect_orphaned_artifacts(grace_seconds: int | None = None) -> list[str]:
     """Delete stored objects that no version references, once they are older than the grace period."""
     grace = settings.GC_GRACE_SECONDS if grace_seconds is None else grace_seconds
     return work.collect_orphans(grace=timedelta(seconds=grace))
+
+
+@shared_task
+def summarise_auth_failures() -> int:
+    """Append the finished per-minute counts of failed authentications to the audit chain."""
+    handled = total = audit.audit_auth_failures_summarise()
+    while handled == audit.AUTH_FAILURE_BATCH:  # a full batch: more may be waiting
+        handled = audit.audit_auth_failures_summarise()
+        total += handled
+    return total

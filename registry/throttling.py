@@ -24,17 +24,14 @@ from rest_framework import exceptions
 from rest_framework.throttling import BaseThrottle
 
 from modelyard.env import parse_rate
+from registry import clients
 
 logger = logging.getLogger(__name__)
 
 
 def client_address(request: Any) -> str:
-    """The caller's address: REMOTE_ADDR only.
-
-    uvicorn already rewrites it from X-Forwarded-For when the connection comes from a trusted proxy
-    (``--forwarded-allow-ips``); a header the client sets itself must never choose whom it is counted as.
-    """
-    return str(request.META.get("REMOTE_ADDR", ""))[:64]
+    """The caller's address as the audit log records it (X-Forwarded-For only via a trusted proxy)."""
+    return clients.client_address(request.META)[0]
 
 
 class RateLimited(exceptions.Throttled):

@@ -1,7 +1,8 @@
 """The server-rendered UI for release owners and auditors.
 
 Every write calls one service from ``registry.promotions``; a refusal is shown with the
-service's own message and status, so the rules live in one place.
+service's own message and status, so the rules live in one place. Refusals (403) write an
+``access.denied`` audit event, as the API's do.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
@@ -18,7 +20,7 @@ from django.views.decorators.http import require_POST
 
 from registry import promotions, selectors
 from registry.api.fleet_views import offline_after
-from registry.audit import actor_from_request, audit_event_list
+from registry.audit import actor_from_request, audit_access_denied, audit_event_list
 from registry.audit_verify import audit_verify
 from registry.auth import has_role
 from registry.errors import ApiError
@@ -26,6 +28,17 @@ from registry.models import InferenceWorker, PromotionState, RegisteredModel, Ro
 
 AUDIT_PAGE_SIZE = 200
 DECIDED_SHOWN = 50
+
+
+class ReasonForm(forms.Form):
+    """The reason given with a decision or rollback: the API's limits, and no NUL (PostgreSQL refuses it)."""
+
+    reason = forms.CharField(required=False, max_length=2000)
+
+    def error_text(self) -> str:
+        return "; ".join(
+            f"{field}: {' '.join(str(error) for error in errors)}" for field, errors in self.errors.items()
+        )
 
 
 @login_required
@@ -54,11 +67,15 @@ def model_detail(request: HttpRequest, name: str) -> HttpResponse:
 @require_POST
 def alias_rollback(request: HttpRequest, name: str, alias: str) -> HttpResponse:
     model = get_object_or_404(RegisteredModel, name=name)
+    form = ReasonForm(request.POST)
+    if not form.is_valid():
+        return _model_detail(request, model, error=form.error_text(), status=400)
     try:
         move = promotions.alias_rollback(
-            model=model, alias_name=alias, actor=actor_from_request(request), reason=request.POST.get("reason", "")
+            model=model, alias_name=alias, actor=actor_from_request(request), reason=form.cleaned_data["reason"]
         )
     except ApiError as exc:
+        _audit_refusal(request, exc)
         return _model_detail(request, model, error=exc.message, status=exc.status_code)
     messages.success(request, f"'{alias}' rolled back to version {move.to_version.version}.")
     return redirect("ui:model", name=model.name)
@@ -90,11 +107,15 @@ def promotion_decide(request: HttpRequest, promotion_id: int, decision: str) -> 
     service = _DECISIONS.get(decision)
     if service is None:
         raise Http404(f"unknown decision '{decision}'")
+    form = ReasonForm(request.POST)
+    if not form.is_valid():
+        return _promotion_index(request, error=form.error_text(), status=400)
     try:
         promotion = service(
-            promotion_id=promotion_id, actor=actor_from_request(request), reason=request.POST.get("reason", "")
+            promotion_id=promotion_id, actor=actor_from_request(request), reason=form.cleaned_data["reason"]
         )
     except ApiError as exc:
+        _audit_refusal(request, exc)
         return _promotion_index(request, error=exc.message, status=exc.status_code)
     messages.success(request, f"Promotion request {promotion.pk} {promotion.state}.")
     return redirect("ui:promotions")
@@ -103,12 +124,19 @@ def promotion_decide(request: HttpRequest, promotion_id: int, decision: str) -> 
 @login_required
 def audit_index(request: HttpRequest) -> HttpResponse:
     if not has_role(request.user, Role.AUDITOR):
+        audit_access_denied(request=request, reason="reading the audit log needs the auditor or admin role")
         return render(request, "modelyard/ui/forbidden.html", {"needed": "auditor"}, status=403)
     filters = {key: request.GET.get(key, "").strip() for key in ("actor", "action", "model")}
     events = audit_event_list(actor=filters["actor"], action=filters["action"], model=filters["model"])
     events = events.order_by("-seq")[:AUDIT_PAGE_SIZE]
     verified = audit_verify() if request.GET.get("verify") else None
     return render(request, "modelyard/ui/audit.html", {"events": events, "filters": filters, "verified": verified})
+
+
+def _audit_refusal(request: HttpRequest, exc: ApiError) -> None:
+    """A service's 403 is a refusal to audit; a 404 or 409 is not."""
+    if exc.status_code == 403:
+        audit_access_denied(request=request, reason=exc.message)
 
 
 @login_required

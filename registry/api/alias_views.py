@@ -196,7 +196,10 @@ class AliasHistory(APIView):
         at_text = request.query_params.get("at")
         if at_text is None:
             return Response(MoveSerializer(selectors.alias_history(alias=found), many=True).data)
-        at = parse_datetime(at_text.replace(" ", "+"))
+        try:
+            at = parse_datetime(at_text.replace(" ", "+"))
+        except ValueError:  # well-formed but impossible, such as 2026-02-30
+            at = None
         if at is None or at.tzinfo is None:
             raise UploadRejected(
                 f"'at' must be an ISO 8601 time with a timezone, e.g. 2026-01-31T12:00:00Z; got {at_text!r}"

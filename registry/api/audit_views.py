@@ -14,8 +14,9 @@ from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
+from rest_framework.exceptions import NotFound
 from rest_framework.negotiation import DefaultContentNegotiation
-from rest_framework.pagination import CursorPagination
+from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.permissions import BasePermission
 from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
@@ -25,10 +26,16 @@ from rest_framework.views import APIView
 from registry.audit import audit_event_list
 from registry.audit_verify import audit_verify
 from registry.auth import has_role
+from registry.errors import ApiError
 from registry.models import AuditEvent, Role
 
+# The largest seq a cursor may name (PositiveBigIntegerField).
+MAX_SEQ = 2**63 - 1
+BAD_CURSOR = "invalid 'cursor': follow a page's 'next' or 'previous' link unchanged"
 # Rows fetched per database round trip and written per streamed chunk.
 EXPORT_CHUNK = 2000
+# A CSV cell starting with one of these is a formula to spreadsheets (OWASP CSV injection).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 # Field name in the database, column name in exports (the same names the hash covers).
 EXPORT_COLUMNS = [
     ("seq", "seq"),
@@ -122,6 +129,21 @@ class AuditPagination(CursorPagination):
     def get_ordering(self, request: Request, queryset: Any, view: Any) -> tuple[str, ...]:
         return (getattr(view, "audit_ordering", self.ordering),)
 
+    def decode_cursor(self, request: Request) -> Cursor | None:
+        """A cursor the client garbled is a 400; DRF answers 404, or 500 when its position is not a number."""
+        try:
+            cursor = super().decode_cursor(request)
+        except NotFound:
+            raise ApiError(BAD_CURSOR) from None
+        if cursor is not None and cursor.position is not None and not _is_seq(cursor.position):
+            raise ApiError(BAD_CURSOR)
+        return cursor
+
+
+def _is_seq(position: object) -> bool:
+    text = str(position)  # the text of the query string, whatever DRF's type hints say
+    return text.isascii() and text.isdigit() and int(text) <= MAX_SEQ
+
 
 class AuditList(APIView):
     permission_classes = [IsAuditor]
@@ -199,6 +221,10 @@ def _csv_cell(value: Any) -> Any:
         return json.dumps(value, sort_keys=True, separators=(",", ":"))
     if hasattr(value, "isoformat"):
         return value.isoformat()
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        # OWASP CSV injection: a spreadsheet would run "=HYPERLINK(...)" from an actor, target or
+        # user agent a client chose. The quote makes it text; JSONL stays exact for recomputing hashes.
+        return "'" + value
     return value
 
 

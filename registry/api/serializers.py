@@ -4,6 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from registry.api.parsers import JSONDocumentField
 from registry.models import NAME_PATTERN, ModelFile, ModelVersion, RegisteredModel
 
 
@@ -92,7 +93,7 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
 
 class VersionUploadInput(serializers.Serializer[Any]):
     description = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)
-    metadata = serializers.JSONField(required=False, default=dict)
+    metadata = JSONDocumentField(required=False, default=dict)
 
     def validate_metadata(self, value: Any) -> dict[str, Any]:
         if not isinstance(value, dict):

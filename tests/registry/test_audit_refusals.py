@@ -120,3 +120,52 @@ def test_refusal_is_recorded_without_a_surrounding_transaction():
     client = Client()
     assert client.post("/api/v1/models", {}, HTTP_AUTHORIZATION="Bearer my_feed_beef").status_code == 401
     assert AuditEvent.objects.filter(action="auth.failed", target="feed").count() == 1
+
+
+# --- What a client sends cannot break the audit insert ------------------------------------------
+
+
+def test_bogus_token_on_a_path_with_nul_is_401_and_recorded(db):
+    # PostgreSQL stores no NUL: the insert used to fail, losing the 401 and its event together.
+    client = Client(raise_request_exception=False)
+    response = client.post(
+        "/api/v1/models/a%00b/aliases/x", "{}", content_type="application/json", HTTP_AUTHORIZATION="Bearer my_feed_x"
+    )
+    assert response.status_code == 401
+    assert response.json() == {"error": "invalid or revoked API token", "detail": None}
+    event = _only("auth.failed")
+    assert event.after == {
+        "reason": "invalid or revoked API token",
+        "method": "POST",
+        "path": "/api/v1/models/a\ufffdb/aliases/x",
+    }
+    assert audit_verify().ok
+
+
+def test_refused_write_on_a_path_with_nul_is_403_and_recorded(outsider):
+    outsider.client.raise_request_exception = False
+    response = outsider.patch("/api/v1/models/a%00b", {"description": "x"})
+    assert response.status_code == 403
+    event = _only("access.denied")
+    assert event.target == "PATCH /api/v1/models/a\ufffdb"
+    assert event.after["path"] == "/api/v1/models/a\ufffdb"
+    assert audit_verify().ok
+
+
+def test_nul_in_the_user_agent_and_the_token_prefix_is_recorded_replaced(db):
+    client = Client(raise_request_exception=False)
+    response = client.get(
+        "/api/v1/models", HTTP_AUTHORIZATION="Bearer my_fe\x00ed_secret", HTTP_USER_AGENT="curl\x00/8"
+    )
+    assert response.status_code == 401
+    event = _only("auth.failed")
+    assert (event.user_agent, event.target) == ("curl\ufffd/8", "")
+
+
+def test_failed_login_records_at_most_256_characters_of_path_and_user_agent(db):
+    client = Client()
+    long_path = "/api/v1/models/" + "m" * 2000
+    assert client.get(long_path, HTTP_AUTHORIZATION="Bearer my_feed_x", HTTP_USER_AGENT="u" * 2000).status_code == 401
+    event = _only("auth.failed")
+    assert event.after["path"] == long_path[:256]
+    assert event.user_agent == "u" * 256

@@ -27,6 +27,12 @@ def reviewer():
 
 
 @pytest.fixture
+def maintainer():
+    """May request promotions, may not decide them or roll back protected aliases."""
+    return login_person("maintainer", Role.MAINTAINER)
+
+
+@pytest.fixture
 def auditor():
     return login_person("auditor", Role.AUDITOR)
 
@@ -73,6 +79,28 @@ def test_refused_rollback_shows_the_service_message(requester):
     assert response.status_code == 409
     assert response.context["error"] == "alias 'production' has no earlier version to roll back to"
     assert b"has no earlier version to roll back to" in response.content
+    assert not AuditEvent.objects.filter(action="access.denied").exists()  # a conflict is not a refusal
+
+
+def test_refused_rollback_is_403_and_recorded(requester, maintainer):
+    pending_promotion(requester)
+    response = maintainer.client.post("/ui/models/demo/aliases/production/rollback", {"reason": "oops"})
+    assert response.status_code == 403
+    assert response.context["error"] == "rolling back the protected alias 'production' needs the approver role"
+    denied = AuditEvent.objects.get(action="access.denied")
+    assert (denied.actor, denied.target) == ("maintainer", "POST /ui/models/demo/aliases/production/rollback")
+    assert denied.after["reason"] == "rolling back the protected alias 'production' needs the approver role"
+
+
+def test_refused_reject_is_403_and_recorded(requester, maintainer):
+    promotion = pending_promotion(requester)
+    response = maintainer.client.post(f"/ui/promotions/{promotion.pk}/reject", {"reason": "no"})
+    assert response.status_code == 403
+    promotion.refresh_from_db()
+    assert promotion.state == "pending"
+    denied = AuditEvent.objects.get(action="access.denied")
+    assert (denied.actor, denied.target) == ("maintainer", f"POST /ui/promotions/{promotion.pk}/reject")
+    assert denied.after["reason"] == "to reject a promotion you need the approver role"
 
 
 def test_promotions_page_lists_pending_with_decision_buttons(requester, reviewer):
@@ -133,7 +161,7 @@ def test_reject_leaves_the_alias(requester, reviewer):
 
 def test_requester_cannot_approve_own_promotion(requester):
     promotion = pending_promotion(requester)
-    events = AuditEvent.objects.count()
+    last_seq = AuditEvent.objects.order_by("-seq").values_list("seq", flat=True)[0]
     response = requester.client.post(f"/ui/promotions/{promotion.pk}/approve")
     assert response.status_code == 403
     assert response.context["error"] == "you requested this promotion; another approver must approve it"
@@ -141,7 +169,18 @@ def test_requester_cannot_approve_own_promotion(requester):
     promotion.refresh_from_db()
     assert promotion.state == "pending"
     assert Alias.objects.get(name="production").version is None
-    assert AuditEvent.objects.count() == events
+    # Nothing changed, and the refusal is recorded as the API's are.
+    [denied] = AuditEvent.objects.filter(seq__gt=last_seq)
+    assert (denied.action, denied.actor, denied.target) == (
+        "access.denied",
+        "requester",
+        f"POST /ui/promotions/{promotion.pk}/approve",
+    )
+    assert denied.after == {
+        "method": "POST",
+        "path": f"/ui/promotions/{promotion.pk}/approve",
+        "reason": "you requested this promotion; another approver must approve it",
+    }
 
 
 def test_unknown_decision_and_get_are_refused(requester, reviewer):
@@ -164,11 +203,18 @@ def test_audit_page_lists_filters_and_verifies(requester, reviewer, auditor):
     assert b"chain ok" in response.content
 
 
-def test_audit_page_is_forbidden_to_a_maintainer(requester):
-    response = requester.client.get("/ui/audit")
+def test_audit_page_is_forbidden_to_a_maintainer_and_the_refusal_recorded(requester):
+    response = requester.client.get("/ui/audit", HTTP_USER_AGENT="Firefox/128")
     assert response.status_code == 403
     assert b"needs the auditor or admin role" in response.content
     assert "events" not in response.context
+    denied = AuditEvent.objects.get(action="access.denied")
+    assert (denied.actor, denied.target, denied.user_agent) == ("requester", "GET /ui/audit", "Firefox/128")
+    assert denied.after == {
+        "method": "GET",
+        "path": "/ui/audit",
+        "reason": "reading the audit log needs the auditor or admin role",
+    }
 
 
 def test_audit_page_shows_at_most_200_events(auditor):
@@ -197,3 +243,21 @@ def test_fleet_page_shows_online_and_offline_workers(requester):
         ("w-live", True),
     ]
     assert b"demo v3 (production)" in response.content
+
+
+@pytest.mark.parametrize(
+    ("reason", "error"),
+    [
+        ("a\x00b", "reason: Null characters are not allowed."),
+        ("x" * 2001, "reason: Ensure this value has at most 2000 characters (it has 2001)."),
+    ],
+)
+def test_bad_reason_is_400_and_changes_nothing(requester, reviewer, reason, error):
+    promotion = pending_promotion(requester)
+    response = reviewer.client.post(f"/ui/promotions/{promotion.pk}/reject", {"reason": reason})
+    assert response.status_code == 400
+    assert response.context["error"] == error
+    promotion.refresh_from_db()
+    assert promotion.state == "pending"
+    response = reviewer.client.post("/ui/models/demo/aliases/production/rollback", {"reason": reason})
+    assert (response.status_code, response.context["error"]) == (400, error)
