@@ -80,6 +80,25 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in value.split(",") if item.strip()]
 
 
+_PERIODS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0}
+
+
+def env_rate(name: str) -> tuple[int, float] | None:
+    """A rate like ``100/s``, ``6000/m`` or ``10000/h`` as (count, period in seconds); unset or empty is None."""
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return None
+    count, sep, unit = value.strip().partition("/")
+    period = _PERIODS.get(unit.strip().lower())
+    try:
+        number = int(count.strip())
+    except ValueError:
+        number = 0
+    if not sep or period is None or number < 1:
+        raise ImproperlyConfigured(f"{name}: expected a rate like 100/s, 6000/m or 10000/h, got {value!r}")
+    return number, period
+
+
 def database_from_url(name: str, url: str) -> dict[str, object]:
     """Turn ``postgres://user:pass@host:port/db?opt=v`` or ``sqlite:///path`` into a DATABASES entry."""
     parts = urlsplit(url)
