@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import select
 import socket
 import threading
 import time
@@ -20,6 +19,7 @@ from modelyard.streaming import StreamingASGIHandler
 from registry.models import ModelVersion
 from storage import get_storage
 from tests.onnx_models import add_model_bytes
+from tests.rawhttp import read_response, send_chunked, send_head
 
 pytestmark = pytest.mark.django_db(transaction=True)
 BOUNDARY = "modelyardtestboundary"
@@ -120,39 +120,6 @@ def test_other_request_bodies_are_capped(server, owner, settings):
 # --- bodies are bounded while they arrive, chunked or not ------------------------------------------------------
 
 
-def chunk(data: bytes) -> bytes:
-    """One HTTP/1.1 chunk of a Transfer-Encoding: chunked body."""
-    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
-
-
-def send_chunked(port: int, path: str, headers: dict[str, str], chunks: list[bytes], *, end: bool) -> socket.socket:
-    """POST a chunked body over a raw socket, one chunk at a time, stopping early if the server has answered."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
-    head += "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-    sock.sendall(head.encode() + b"\r\n")
-    for data in chunks:
-        readable, _, _ = select.select([sock], [], [], 0.01)
-        if readable:
-            break  # the server answered before the body ended
-        try:
-            sock.sendall(chunk(data))
-        except (BrokenPipeError, ConnectionResetError):
-            break
-    else:
-        if end:
-            sock.sendall(b"0\r\n\r\n")
-    return sock
-
-
-def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    response = http.client.HTTPResponse(sock)
-    response.begin()
-    body = response.read()
-    sock.close()
-    return response.status, {k.lower(): v for k, v in response.getheaders()}, body
-
-
 @pytest.mark.parametrize("path", ["/api/v1/models", "/accounts/login/"])
 def test_chunked_body_over_the_limit_is_refused_while_it_arrives_before_authentication(server, settings, path):
     settings.MAX_REQUEST_BODY_BYTES = 64 * 1024
@@ -221,13 +188,12 @@ def upload_threads() -> list[threading.Thread]:
 def test_stalled_upload_is_ended_and_frees_its_thread(server, owner, registered, settings):
     settings.BODY_IDLE_TIMEOUT_SECONDS = 0.5
     body = multipart(("model.onnx", add_model_bytes()), ("extra.bin", b"x" * (1024 * 1024)))
-    sock = socket.create_connection(("127.0.0.1", server), timeout=30)
-    head = (
-        f"POST /api/v1/models/{registered}/versions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-        f"Authorization: Bearer {owner.token}\r\nContent-Type: multipart/form-data; boundary={BOUNDARY}\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    )
-    sock.sendall(head.encode() + body[: len(body) // 2])  # then nothing more
+    headers = {
+        "Authorization": f"Bearer {owner.token}",
+        "Content-Type": f"multipart/form-data; boundary={BOUNDARY}",
+        "Content-Length": str(len(body)),
+    }
+    sock = send_head(server, f"/api/v1/models/{registered}/versions", headers, body[: len(body) // 2])  # then nothing
     status, headers, response = read_response(sock)
     assert status == 408
     assert json.loads(response) == {
@@ -246,8 +212,7 @@ def test_stalled_upload_is_ended_and_frees_its_thread(server, owner, registered,
 
 def test_stalled_json_body_gets_408_before_django_runs(server, settings):
     settings.BODY_IDLE_TIMEOUT_SECONDS = 0.5
-    sock = socket.create_connection(("127.0.0.1", server), timeout=30)
-    sock.sendall(b"POST /api/v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n{")
+    sock = send_head(server, "/api/v1/models", {"Content-Length": "100"}, b"{")
     status, _, response = read_response(sock)
     assert status == 408
     assert json.loads(response) == {
@@ -270,12 +235,12 @@ def test_client_that_disconnects_mid_body_is_one_info_line(server, owner, regist
         content_type = f"multipart/form-data; boundary={BOUNDARY}"
     else:
         path, body, content_type = "/api/v1/models", b'{"name": "never-finished"}', "application/json"
-    sock = socket.create_connection(("127.0.0.1", server), timeout=30)
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {owner.token}\r\n"
-        f"Content-Type: {content_type}\r\nContent-Length: {len(body) + 1000}\r\n\r\n"
-    )
-    sock.sendall(head.encode() + body)
+    headers = {
+        "Authorization": f"Bearer {owner.token}",
+        "Content-Type": content_type,
+        "Content-Length": str(len(body) + 1000),
+    }
+    sock = send_head(server, path, headers, body)
     time.sleep(0.3)  # let the server start reading; the assertions below do not depend on it
     sock.close()
     wait_for_log(caplog, "disconnected")
