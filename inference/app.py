@@ -140,11 +140,11 @@ def build_app(runtime: InferenceRuntime) -> Starlette:
         if not wait:
             return None
         seconds = retry_after(wait)
-        return JSONResponse(
-            {"error": f"rate limit of {throttle.describe()} passed (MODELYARD_V2_RATE); retry in {seconds} s"},
-            status_code=429,
-            headers={"Retry-After": seconds},
+        response = error(
+            429, f"rate limit of {throttle.describe()} passed (MODELYARD_V2_RATE); retry in {seconds} s", close=True
         )
+        response.headers["Retry-After"] = seconds
+        return response
 
     def resolve(request: Request) -> LoadedVersion | JSONResponse:
         model = request.path_params["model"]

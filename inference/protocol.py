@@ -166,7 +166,7 @@ class BodyDecoder:
 def split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict[str, Any], memoryview]:
     """Return the JSON header and the binary section that follows it."""
     if header_length is None:
-        json_part, binary = bytes(body), memoryview(b"")
+        json_part, binary = body, memoryview(b"")
     else:
         try:
             length = int(header_length)
@@ -176,7 +176,7 @@ def split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict
             raise ProtocolError(f"Inference-Header-Content-Length must not be negative, got {length}")
         if length > len(body):
             raise ProtocolError(f"Inference-Header-Content-Length is {length} but the body has only {len(body)} bytes")
-        json_part, binary = bytes(body[:length]), memoryview(body)[length:]
+        json_part, binary = body[:length], memoryview(body)[length:]
     try:
         header = json.loads(json_part)
     except (ValueError, UnicodeDecodeError) as exc:
