@@ -65,6 +65,7 @@ class BodyLimit:
 # pretty-printed nesting and is more than the 8 bytes of any binary element.
 JSON_BYTES_PER_ELEMENT = 64
 HEADER_ALLOWANCE = 64 * 1024  # the JSON around the data: names, shapes, parameters, outputs
+INFLATE_STEP = 1 << 20
 
 
 def body_limit(model: str, signature: dict[str, Any], default: int) -> BodyLimit:
@@ -141,8 +142,10 @@ class BodyDecoder:
             while data:
                 if inflater.eof:
                     raise ProtocolError(f"the {self.encoding} body has data after its end")
-                # Ask for one byte past the room left: getting it means the limit is passed.
-                self.body += inflater.decompress(data, self.limit.bytes - len(self.body) + 1)
+                # Ask for one byte past the room left (getting it means the limit is passed), in steps,
+                # so that no inflated piece as large as the limit is held beside the body.
+                room = self.limit.bytes - len(self.body)
+                self.body += inflater.decompress(data, min(room + 1, INFLATE_STEP))
                 if len(self.body) > self.limit.bytes:
                     raise self.limit.exceeded("the decompressed request body")
                 data = inflater.unconsumed_tail or inflater.unused_data
