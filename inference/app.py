@@ -8,6 +8,7 @@ name of a served alias. Each loaded version has its own dynamic batcher.
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
 from collections.abc import Awaitable, Callable
 from importlib.metadata import PackageNotFoundError, version
@@ -22,14 +23,29 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from inference import metrics
-from inference.auth import TokenCache
+from inference.auth import TokenCache, token_key
 from inference.batcher import Batcher, Overloaded, RequestTimeout
-from inference.protocol import HEADER_LENGTH, ProtocolError, decode_request, decompress, encode_response
+from inference.protocol import (
+    HEADER_LENGTH,
+    BodyDecoder,
+    BodyLimit,
+    ProtocolError,
+    body_limit,
+    decode_request,
+    encode_response,
+)
 from inference.runtime import InferenceRuntime, LoadedVersion, NotLoaded
+from inference.throttle import Throttle, retry_after
+
+logger = logging.getLogger(__name__)
 
 PLATFORM = "onnxruntime_onnx"
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters"]
-MAX_BODY_BYTES = 1 << 31
+OUT_OF_MEMORY = "the server has not enough memory for this request now; retry later or send a smaller one"
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body was complete."""
 
 
 def _server_version() -> str:
@@ -45,9 +61,33 @@ def can_batch(signature: dict[str, Any]) -> bool:
     return bool(specs) and all(s.get("shape") and s["shape"][0] == -1 for s in specs)
 
 
-def error(status: int, message: str, *, retry_after: bool = False) -> JSONResponse:
-    headers = {"Retry-After": "1"} if retry_after else None
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+def error(status: int, message: str, *, retry_after: bool = False, close: bool = False) -> JSONResponse:
+    """A JSON error; ``close`` ends the connection after it, for a body that was not read to its end."""
+    headers = {"Retry-After": "1"} if retry_after else {}
+    if close:
+        headers["Connection"] = "close"
+    return JSONResponse({"error": message}, status_code=status, headers=headers or None)
+
+
+async def read_body(request: Request, limit: BodyLimit) -> bytearray:
+    """The request body, decompressed, never past ``limit``, and ended when the client stalls."""
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limit.bytes:
+        raise limit.exceeded("the request body")
+    decoder = BodyDecoder(request.headers.get("content-encoding", ""), limit)
+    idle = settings.BODY_IDLE_TIMEOUT_SECONDS
+    while True:
+        try:
+            message = await asyncio.wait_for(request.receive(), idle)
+        except TimeoutError:
+            raise ProtocolError(
+                f"no request body bytes arrived for {idle:g} s (MODELYARD_BODY_IDLE_TIMEOUT_SECONDS)", 408
+            ) from None
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        decoder.feed(message.get("body", b""))
+        if not message.get("more_body", False):
+            return decoder.finish()
 
 
 _TRITON_TYPES = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL"}
@@ -66,17 +106,45 @@ def _config_tensor(spec: dict[str, Any], batched: bool) -> dict[str, Any]:
 def build_app(runtime: InferenceRuntime) -> Starlette:
     tokens = TokenCache()
     batchers: weakref.WeakKeyDictionary[LoadedVersion, Batcher] = weakref.WeakKeyDictionary()
+    throttle: Throttle | None = None
+
+    def bearer(request: Request) -> str:
+        scheme, _, raw = request.headers.get("authorization", "").partition(" ")
+        return raw.strip() if scheme.lower() == "bearer" else ""
+
+    async def token_allowed(request: Request) -> bool:
+        """A bearer token with the inference role (admins have every role)."""
+        raw = bearer(request)
+        if not raw:
+            return False
+        verdict = tokens.cached(raw)
+        if verdict is None:
+            verdict = await anyio.to_thread.run_sync(tokens.check, raw)
+        return verdict
 
     async def authorised(request: Request) -> bool:
+        return settings.INFERENCE_PUBLIC or await token_allowed(request)
+
+    def throttled(request: Request) -> JSONResponse | None:
+        """429 when the client is over ``MODELYARD_V2_RATE``; the setting is read per request, so it can change."""
+        nonlocal throttle
+        if settings.V2_RATE is None:
+            return None
+        if throttle is None or throttle.setting != settings.V2_RATE:
+            throttle = Throttle(*settings.V2_RATE)
         if settings.INFERENCE_PUBLIC:
-            return True
-        scheme, _, raw = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not raw.strip():
-            return False
-        verdict = tokens.cached(raw.strip())
-        if verdict is None:
-            verdict = await anyio.to_thread.run_sync(tokens.check, raw.strip())
-        return verdict
+            client = "address " + (request.client.host if request.client else "")
+        else:
+            client = "token " + (token_key(bearer(request)) or "")
+        wait = throttle.wait(client)
+        if not wait:
+            return None
+        seconds = retry_after(wait)
+        response = error(
+            429, f"rate limit of {throttle.describe()} passed (MODELYARD_V2_RATE); retry in {seconds} s", close=True
+        )
+        response.headers["Retry-After"] = seconds
+        return response
 
     def resolve(request: Request) -> LoadedVersion | JSONResponse:
         model = request.path_params["model"]
@@ -195,17 +263,34 @@ def build_app(runtime: InferenceRuntime) -> Starlette:
         # Label only models this process serves: names from URLs must not grow the series without bound.
         label = model if model in runtime.router.table else "_unknown"
         with metrics.LATENCY.labels(label).time():
-            response = await _infer(request)
+            try:
+                response = await _infer(request)
+            except MemoryError:
+                response = error(503, OUT_OF_MEMORY, retry_after=True)
+            except RecursionError:  # e.g. an error message that quotes a deeply nested value
+                response = error(400, "the request JSON is nested too deeply")
         metrics.REQUESTS.labels(label, str(response.status_code)).inc()
         return response
 
     async def _infer(request: Request) -> Response:
+        # Everything that can refuse the request does so before its body is read.
         if not await authorised(request):
-            return error(401, "a bearer token with the inference role is required")
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            return error(413, f"the request body is larger than {MAX_BODY_BYTES} bytes")
-        body = await request.body()
+            return error(401, "a bearer token with the inference role is required", close=True)
+        refused = throttled(request)
+        if refused is not None:
+            return refused
+        found = resolve(request)
+        if isinstance(found, JSONResponse):
+            found.headers["Connection"] = "close"
+            return found
+        limit = body_limit(found.spec.model, found.spec.signature, settings.V2_MAX_BODY_BYTES)
+        try:
+            body = await read_body(request, limit)
+        except ProtocolError as exc:
+            return error(exc.status, exc.message, close=True)
+        except ClientGone:
+            logger.info("the client of %s disconnected before its request body was complete", request.url.path)
+            return Response(status_code=499)
         for _attempt in range(3):
             found = resolve(request)
             if isinstance(found, JSONResponse):
@@ -220,10 +305,9 @@ def build_app(runtime: InferenceRuntime) -> Starlette:
                 found.release()
         return error(503, "the model is being reloaded; retry", retry_after=True)
 
-    async def _run(request: Request, loaded: LoadedVersion, body: bytes) -> Response:
+    async def _run(request: Request, loaded: LoadedVersion, body: bytearray) -> Response:
         spec = loaded.spec
         try:
-            body = decompress(body, request.headers.get("content-encoding", ""))
             decoded = decode_request(body, request.headers.get(HEADER_LENGTH), spec.signature)
             future = batcher_for(loaded).submit(
                 decoded.inputs, priority=decoded.priority, timeout_us=decoded.timeout_us
@@ -241,6 +325,8 @@ def build_app(runtime: InferenceRuntime) -> Starlette:
             values = future.result()
         except RequestTimeout as exc:
             return error(504, f"{exc} (timeout {decoded.timeout_us} us)")
+        except MemoryError:
+            return error(503, OUT_OF_MEMORY, retry_after=True)
         except Exception as exc:  # noqa: BLE001 - ORT refused these inputs
             return error(400, f"inference failed: {exc}")
         finally:
@@ -255,6 +341,8 @@ def build_app(runtime: InferenceRuntime) -> Starlette:
                 return
 
     async def prometheus(request: Request) -> Response:
+        if not settings.METRICS_PUBLIC and not await token_allowed(request):
+            return error(401, "a bearer token with the inference or admin role is required (MODELYARD_METRICS_PUBLIC)")
         for loaded, batcher in list(batchers.items()):
             metrics.QUEUE_DEPTH.labels(loaded.spec.model, str(loaded.spec.version)).set(batcher.queued)
         payload, content_type = metrics.render()

@@ -1,45 +1,73 @@
 """Token checks for /v2 without a database query per request.
 
-A token is looked up once (in a worker thread) and the answer is cached for a minute. If the
-database is unreachable, a token seen before keeps working until the database answers again.
+A token is looked up once (in a worker thread) and the verdict is cached for ``TTL_SECONDS``, so
+a revoked token stops working on /v2 within that time. The cache is bounded: a flood of distinct
+tokens evicts the oldest verdicts instead of growing memory, and a string that is not shaped like
+a Modelyard token is refused at once, without a database query and without a cache entry. If the
+database is unreachable, a token that was allowed before keeps working until it answers again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import threading
-import time
 
+from cachetools import LRUCache, TTLCache
+from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
-from registry.auth import authenticate_token, has_role
+from registry.auth import authenticate_token, has_role, split_token
 from registry.models import Role
 
-TTL_SECONDS = 60.0
+TTL_SECONDS = 5.0
+
+
+def token_key(raw: str) -> str | None:
+    """The cache key of a well-formed token; None for a string that cannot be a Modelyard token."""
+    if split_token(raw) is None:
+        return None
+    return hashlib.sha256(raw.encode()).hexdigest()
 
 
 class TokenCache:
-    def __init__(self) -> None:
-        self._entries: dict[str, tuple[float, bool]] = {}
-        self._lock = threading.Lock()
+    """Verdicts (may this token use /v2?) by token hash, bounded in size and age."""
+
+    def __init__(self, *, max_entries: int | None = None, ttl: float = TTL_SECONDS) -> None:
+        size = max_entries or settings.V2_TOKEN_CACHE_ENTRIES
+        self.ttl = ttl
+        self._verdicts: TTLCache[str, bool] = TTLCache(maxsize=size, ttl=ttl)
+        # Allowed tokens, kept past their TTL for one purpose: serving on while the database is down.
+        self._allowed_before: LRUCache[str, bool] = LRUCache(maxsize=size)
+        self._lock = threading.Lock()  # cachetools caches are not thread-safe; check() runs in worker threads
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._verdicts)
 
     def cached(self, raw: str) -> bool | None:
-        """The cached verdict if still fresh; None means "ask the database" (call :meth:`check`)."""
-        entry = self._entries.get(hashlib.sha256(raw.encode()).hexdigest())
-        if entry is not None and entry[0] > time.monotonic():
-            return entry[1]
-        return None
+        """The verdict if it is known without the database; None means "ask it" (call :meth:`check`)."""
+        key = token_key(raw)
+        if key is None:
+            return False
+        with self._lock:
+            return self._verdicts.get(key)
 
     def check(self, raw: str) -> bool:
         """Look the token up; blocking, so call it off the event loop."""
-        key = hashlib.sha256(raw.encode()).hexdigest()
+        key = token_key(raw)
+        if key is None:
+            return False
         try:
             close_old_connections()
             token = authenticate_token(raw)
             allowed = token is not None and has_role(token.user, Role.INFERENCE)
         except DatabaseError:
-            previous = self._entries.get(key)
-            return bool(previous and previous[1])
+            with self._lock:
+                return self._allowed_before.get(key, False)
         with self._lock:
-            self._entries[key] = (time.monotonic() + TTL_SECONDS, allowed)
+            self._verdicts[key] = allowed
+            if allowed:
+                self._allowed_before[key] = True
+            else:
+                self._allowed_before.pop(key, None)
         return allowed

@@ -8,6 +8,7 @@ cause raises :class:`ProtocolError` with a 4xx status and a message naming what 
 from __future__ import annotations
 
 import json
+import math
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -19,8 +20,10 @@ from registry.datatypes import NUMPY_OF
 
 HEADER_LENGTH = "inference-header-content-length"
 MAX_ELEMENTS = 1 << 31
-MAX_DECOMPRESSED = 1 << 31
 MAX_UINT64 = (1 << 64) - 1  # Triton's priority and timeout are uint64
+
+# How JSON (which has none) spells the non-finite floats, by Python's repr: the proto3 JSON mapping's names.
+_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
 PROTOCOL_OF = {np.dtype(v).str: k for k, v in NUMPY_OF.items() if v is not np.object_}
 
@@ -47,29 +50,123 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
-def decompress(body: bytes, encoding: str) -> bytes:
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    if encoding not in ("gzip", "deflate"):
-        raise ProtocolError(f"unsupported Content-Encoding '{encoding}'; use gzip or deflate", 415)
-    # wbits: 16+ reads gzip, 15 zlib-wrapped deflate; raw deflate is retried below.
-    decoder = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
-    try:
-        data = decoder.decompress(body, MAX_DECOMPRESSED)
-    except zlib.error:
-        if encoding != "deflate":
-            raise ProtocolError("the gzip body is corrupt") from None
+@dataclass(frozen=True)
+class BodyLimit:
+    """The most bytes a /v2 request body may have, raw and decompressed, and where that number comes from."""
+
+    bytes: int
+    source: str
+
+    def exceeded(self, what: str) -> ProtocolError:
+        return ProtocolError(f"{what} is larger than the limit of {self.bytes} bytes ({self.source})", 413)
+
+
+# A JSON number takes at most ~25 characters ("-2.2250738585072014e-308,"); 64 leaves room for
+# pretty-printed nesting and is more than the 8 bytes of any binary element.
+JSON_BYTES_PER_ELEMENT = 64
+HEADER_ALLOWANCE = 64 * 1024  # the JSON around the data: names, shapes, parameters, outputs
+INFLATE_STEP = 1 << 20
+
+
+def body_limit(model: str, signature: dict[str, Any], default: int) -> BodyLimit:
+    """``default`` (MODELYARD_V2_MAX_BODY_BYTES), lowered when every input has a fixed shape and size."""
+    global_limit = BodyLimit(default, "MODELYARD_V2_MAX_BODY_BYTES")
+    inputs = signature.get("inputs") or []
+    need = HEADER_ALLOWANCE
+    for spec in inputs:
+        shape = spec.get("shape")
+        if spec.get("datatype") == "BYTES" or not isinstance(shape, list) or any(d < 0 for d in shape):
+            return global_limit  # a dynamic dimension or strings: the inputs alone say nothing about size
+        count = 1
+        for d in shape:
+            count *= d
+        need += count * JSON_BYTES_PER_ELEMENT
+        if need >= default:
+            return global_limit
+    if not inputs:
+        return global_limit
+    return BodyLimit(need, f"what the fixed-shape inputs of model '{model}' can need")
+
+
+def _is_zlib_header(head: bytes) -> bool:
+    """RFC 1950: deflate method, a window of at most 32 KiB, and a header checksum divisible by 31.
+
+    A raw deflate stream never starts like this unless it opens with a non-final stored block whose
+    padding bits are set, which no encoder writes.
+    """
+    return head[0] & 0x0F == 8 and head[0] >> 4 <= 7 and (head[0] << 8 | head[1]) % 31 == 0
+
+
+class BodyDecoder:
+    """Collects a request body as it arrives and inflates gzip or deflate on the fly.
+
+    The raw bytes received and the bytes after decompression are each checked against ``limit``
+    chunk by chunk, so a decompression bomb stops at the limit instead of filling memory.
+    ``deflate`` is zlib-wrapped deflate (RFC 1950) or, as some clients send it, raw deflate
+    (RFC 1951); the first two bytes tell them apart.
+    """
+
+    def __init__(self, encoding: str, limit: BodyLimit) -> None:
+        encoding = encoding.strip().lower()
+        if encoding == "identity":
+            encoding = ""
+        if encoding not in ("", "gzip", "deflate"):
+            raise ProtocolError(f"unsupported Content-Encoding '{encoding}'; use gzip or deflate", 415)
+        self.encoding = encoding
+        self.limit = limit
+        self.received = 0
+        self.body = bytearray()
+        self._head = b""  # deflate: the first bytes, until there are two to recognise the wrapper by
+        self._inflater: Any = None
+        if encoding == "gzip":
+            self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+
+    def feed(self, chunk: bytes) -> None:
+        self.received += len(chunk)
+        if self.received > self.limit.bytes:
+            raise self.limit.exceeded("the request body")
+        if not self.encoding:
+            self.body += chunk
+            return
+        if self._inflater is None:
+            self._head += chunk
+            if len(self._head) < 2:
+                return
+            chunk, self._head = self._head, b""
+            self._inflater = zlib.decompressobj(zlib.MAX_WBITS if _is_zlib_header(chunk) else -zlib.MAX_WBITS)
+        self._inflate(chunk)
+
+    def _inflate(self, data: bytes) -> None:
+        inflater = self._inflater
         try:
-            data = zlib.decompressobj(-zlib.MAX_WBITS).decompress(body, MAX_DECOMPRESSED)
+            while data:
+                if inflater.eof:
+                    raise ProtocolError(f"the {self.encoding} body has data after its end")
+                # Ask for one byte past the room left (getting it means the limit is passed), in steps,
+                # so that no inflated piece as large as the limit is held beside the body.
+                room = self.limit.bytes - len(self.body)
+                self.body += inflater.decompress(data, min(room + 1, INFLATE_STEP))
+                if len(self.body) > self.limit.bytes:
+                    raise self.limit.exceeded("the decompressed request body")
+                data = inflater.unconsumed_tail or inflater.unused_data
         except zlib.error as exc:
-            raise ProtocolError(f"the deflate body is corrupt: {exc}") from exc
-    if decoder.unconsumed_tail:
-        raise ProtocolError("the decompressed body is larger than 2 GiB", 413)
-    return data
+            raise ProtocolError(f"the {self.encoding} body is corrupt: {exc}") from None
+
+    def finish(self) -> bytearray:
+        """The whole (decompressed) body, once the last chunk has been fed."""
+        if not self.encoding:
+            return self.body
+        if self._inflater is None:  # fewer than two bytes of deflate
+            if not self._head:
+                raise ProtocolError(f"the {self.encoding} body is empty")
+            self._inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+            self._inflate(self._head)
+        if not self._inflater.eof:
+            raise ProtocolError(f"the {self.encoding} body is truncated")
+        return self.body
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], memoryview]:
+def split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict[str, Any], memoryview]:
     """Return the JSON header and the binary section that follows it."""
     if header_length is None:
         json_part, binary = body, memoryview(b"")
@@ -87,6 +184,8 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict[str, Any], 
         header = json.loads(json_part)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"the request is not valid JSON: {exc}") from exc
+    except RecursionError:
+        raise ProtocolError("the request JSON is nested too deeply") from None
     if not isinstance(header, dict):
         raise ProtocolError("the request must be a JSON object")
     return header, binary
@@ -112,6 +211,8 @@ def _decode_bytes_elements(name: str, raw: memoryview, count: int) -> np.ndarray
     values: list[bytes] = []
     offset = 0
     while offset < len(raw):
+        if len(values) == count:  # stop here: a flood of tiny elements must not be allocated first
+            raise ProtocolError(f"input '{name}': shape needs {count} BYTES elements, got more")
         if offset + 4 > len(raw):
             raise ProtocolError(f"input '{name}': BYTES data ends inside an element's 4-byte length")
         (size,) = struct.unpack_from("<I", raw, offset)
@@ -149,12 +250,27 @@ def _from_json_data(name: str, datatype: str, data: Any, count: int) -> np.ndarr
         array = _string_array(name, list(np.asarray(data, dtype=object).reshape(-1)))
     else:
         try:
-            array = np.asarray(data, dtype=NUMPY_OF[datatype]).reshape(-1)
+            with np.errstate(over="ignore"):  # an FP16 overflow (70000 -> inf) is refused below as not finite
+                array = np.asarray(data, dtype=NUMPY_OF[datatype]).reshape(-1)
         except (TypeError, ValueError, OverflowError) as exc:
             raise ProtocolError(f"input '{name}': data does not fit {datatype}: {exc}") from None
+        if array.dtype.kind == "f":
+            _refuse_non_finite(name, datatype, array)
     if array.size != count:
         raise ProtocolError(f"input '{name}': shape needs {count} values, got {array.size}")
     return array
+
+
+def _refuse_non_finite(name: str, datatype: str, array: np.ndarray) -> None:
+    """JSON has no NaN or Infinity (Python's parser accepts them as bare words); 1e400 also arrives as infinity."""
+    finite = np.isfinite(array)
+    if not finite.all():
+        index = int(np.argmin(finite))
+        value = _NON_FINITE[repr(float(array[index]))]
+        raise ProtocolError(
+            f"input '{name}': data[{index}] is {value} as {datatype}; JSON input data must be finite numbers "
+            "(send NaN and Infinity as binary tensor data)"
+        )
 
 
 def _parameters(item: dict[str, Any], what: str) -> dict[str, Any]:
@@ -166,7 +282,7 @@ def _parameters(item: dict[str, Any], what: str) -> dict[str, Any]:
     return parameters
 
 
-def decode_request(body: bytes, header_length: str | None, signature: dict[str, Any]) -> InferRequest:
+def decode_request(body: bytes | bytearray, header_length: str | None, signature: dict[str, Any]) -> InferRequest:
     header, binary = split_body(body, header_length)
     expected = {spec["name"]: spec for spec in signature.get("inputs", [])}
     raw_inputs = header.get("inputs")
@@ -246,6 +362,8 @@ def decode_request(body: bytes, header_length: str | None, signature: dict[str, 
             if _parameters(item, f"output '{item['name']}'").get("binary_data", binary_all):
                 binary_outputs.add(item["name"])
     request_id = header.get("id")
+    if request_id is not None and (not isinstance(request_id, str | int | float) or isinstance(request_id, bool)):
+        raise ProtocolError(f"'id' must be a string, got {type(request_id).__name__}")
     priority = parameters.get("priority", 0)
     timeout = parameters.get("timeout")
     if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= MAX_UINT64:
@@ -284,7 +402,11 @@ def _json_data(array: np.ndarray) -> list[Any]:
     flat = array.reshape(-1)
     if _datatype(array) == "BYTES":
         return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat]
-    return list(flat.tolist())
+    values = list(flat.tolist())
+    if flat.dtype.kind == "f" and not np.isfinite(flat).all():
+        # JSON has no NaN or Infinity: send them as strings, as the proto3 JSON mapping does (numpy parses them back).
+        values = [v if math.isfinite(v) else _NON_FINITE[repr(v)] for v in values]
+    return values
 
 
 def encode_response(
@@ -310,7 +432,7 @@ def encode_response(
     body: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": outputs}
     if request.id is not None:
         body["id"] = request.id
-    header = json.dumps(body, separators=(",", ":")).encode()
+    header = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
     if not blobs:
         return header, {"content-type": "application/json"}
     return header + b"".join(blobs), {

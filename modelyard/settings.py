@@ -22,6 +22,7 @@ from modelyard.env import (
     env_rate,
     env_str,
     load_or_create_secret,
+    parse_rate,
     storage_from_url,
 )
 
@@ -141,10 +142,18 @@ S3_MULTIPART_CHUNK_MB = env_int("MODELYARD_S3_MULTIPART_CHUNK_MB", 8, minimum=5)
 S3_MAX_CONCURRENCY = env_int("MODELYARD_S3_MAX_CONCURRENCY", 4, minimum=1)
 
 MAX_UPLOAD_BYTES = env_int("MODELYARD_MAX_UPLOAD_BYTES", 8 * 1024**3, minimum=1)
-# Every other request body (JSON, forms) is refused past this size before it is read.
+# Every other request body (JSON, forms) is refused as soon as it passes this size, chunked or not,
+# before authentication runs (modelyard/streaming.py).
 MAX_REQUEST_BODY_BYTES = env_int("MODELYARD_MAX_REQUEST_BODY_BYTES", 16 * 1024**2, minimum=1024)
 # JSON bodies and JSON form fields nested deeper than this are refused with a 400 (far below the stack limit).
 MAX_JSON_DEPTH = env_int("MODELYARD_MAX_JSON_DEPTH", 64, minimum=1)
+# A client that sends no body bytes for this long has its request ended (408), so a stalled upload
+# cannot hold a server thread for as long as it likes. Also applies to /v2 request bodies.
+BODY_IDLE_TIMEOUT_SECONDS = env_float("MODELYARD_BODY_IDLE_TIMEOUT_SECONDS", 60.0, minimum=0.01)
+# Multipart limits of Django's parser: the number of file parts, and the bytes of all non-file
+# fields together (description, metadata), which are held in memory.
+DATA_UPLOAD_MAX_NUMBER_FILES = env_int("MODELYARD_MAX_UPLOAD_FILES", 100, minimum=1)
+DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MODELYARD_MAX_FORM_BYTES", 2_621_440, minimum=1024)
 # Uploaded files are spooled to disk as they arrive; nothing over this stays in memory.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
 FILE_UPLOAD_TEMP_DIR = env_str("MODELYARD_UPLOAD_TEMP_DIR") or None
@@ -249,6 +258,18 @@ ORT_INTER_OP_THREADS = env_int("MODELYARD_ORT_INTER_OP_THREADS", 0, minimum=0)
 ORT_SPINNING = env_bool("MODELYARD_ORT_SPINNING", True)
 ORT_GRAPH_OPTIMIZATION = env_choice("MODELYARD_ORT_GRAPH_OPTIMIZATION", "all", ("disable", "basic", "extended", "all"))
 INFERENCE_PUBLIC = env_bool("MODELYARD_INFERENCE_PUBLIC", False)
+# /metrics needs a token with the inference or admin role unless this is set.
+METRICS_PUBLIC = env_bool("MODELYARD_METRICS_PUBLIC", False)
+# The largest /v2 request body, raw and after decompression; a version whose inputs all have fixed
+# shapes gets a lower limit computed from them (inference/protocol.py: body_limit). 64 MiB holds a
+# batch of 32 RGB 224x224 images as FP32 binary (19 MB) or as JSON, and bounds what a few
+# concurrent requests can make the process hold.
+V2_MAX_BODY_BYTES = env_int("MODELYARD_V2_MAX_BODY_BYTES", 64 * 1024**2, minimum=1024)
+# Per token (per client address when /v2 is public) and per process; unset means unlimited.
+_v2_rate = env_rate("MODELYARD_V2_RATE", "off")
+V2_RATE = parse_rate(_v2_rate) if _v2_rate else None  # (requests, period in seconds)
+# Token verdicts /v2 keeps in memory (each for 5 s, so a revoked token stops working within 5 s).
+V2_TOKEN_CACHE_ENTRIES = env_int("MODELYARD_V2_TOKEN_CACHE_ENTRIES", 10_000, minimum=1)
 RECONCILE_POLL_SECONDS = env_float("MODELYARD_RECONCILE_POLL_SECONDS", 5.0, minimum=0.05)
 FLEET_HEARTBEAT_SECONDS = env_float("MODELYARD_FLEET_HEARTBEAT_SECONDS", 5.0, minimum=0.05)
 CACHE_DIR = Path(env_str("MODELYARD_CACHE_DIR") or DATA_DIR / "cache")

@@ -1,39 +1,90 @@
-"""Django's ASGI handler, except that artifact uploads stream instead of spooling.
+"""Django's ASGI handler, except that artifact uploads stream and every body is bounded while it arrives.
 
 Django's own handler reads the whole request body into a temporary file before the view runs,
 so a 1 GB upload would land on local disk first. For ``POST /api/v1/models/{name}/versions`` this
 handler hands the view a file-like object that pulls body chunks from the ASGI channel as the
 multipart parser asks for them, so bytes flow from the client to storage while they arrive.
-Other requests keep Django's behaviour, with their size capped before anything is read.
+
+Every body, chunked or not, is counted as it arrives: other requests are refused with 413 as soon
+as they pass ``MAX_REQUEST_BODY_BYTES``, before Django (and so authentication) runs, and uploads
+as soon as they pass ``MAX_UPLOAD_BYTES``. A client that sends nothing for
+``BODY_IDLE_TIMEOUT_SECONDS`` gets 408 and frees the thread it held, and one that disconnects
+mid-body is one INFO line.
 """
 
 from __future__ import annotations
 
 import asyncio
 import io
+import json
+import logging
 import re
+import tempfile
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import RequestAborted
-from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.asgi import ASGIHandler, ASGIRequest
+from django.http.response import HttpResponseBase
+
+logger = logging.getLogger(__name__)
 
 STREAMED_PATH = re.compile(r"^/api/v1/models/[^/]+/versions/?$")
+
+
+class BodyTooLarge(Exception):
+    """The body passed its size limit while it arrived."""
+
+    def __init__(self, message: str, *, limit: int, setting: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.setting = setting
+
+
+class BodyIdleTimeout(Exception):
+    """The client sent no body bytes for ``BODY_IDLE_TIMEOUT_SECONDS``."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"no request body bytes arrived for {seconds:g} s (MODELYARD_BODY_IDLE_TIMEOUT_SECONDS)")
+        self.seconds = seconds
 
 
 class _Channel:
     """Wraps the ASGI ``receive`` callable so the body reader and Django's disconnect listener share it."""
 
-    def __init__(self, receive: Any, *, streaming: bool) -> None:
+    def __init__(self, receive: Any, *, streaming: bool, path: str) -> None:
         self._receive = receive
         self.streaming = streaming
+        self.path = path
         self.body_finished = asyncio.Event()
+        self.body_complete = not streaming  # the last body message was read (not merely given up on)
         if not streaming:
             self.body_finished.set()
 
     async def __call__(self) -> dict[str, Any]:
         message: dict[str, Any] = await self._receive()
         return message
+
+    async def receive_body(self) -> dict[str, Any]:
+        """The next body message, or :class:`BodyIdleTimeout` when the client stays silent too long."""
+        idle = settings.BODY_IDLE_TIMEOUT_SECONDS
+        try:
+            return await asyncio.wait_for(self(), idle)
+        except TimeoutError:
+            logger.info("%s: the client sent no body bytes for %g s; request ended", self.path, idle)
+            raise BodyIdleTimeout(idle) from None
+
+    def disconnected(self, received: int) -> RequestAborted:
+        logger.info("%s: the client disconnected after %d body bytes", self.path, received)
+        return RequestAborted("the client disconnected during the request body")
+
+
+def _upload_too_large() -> BodyTooLarge:
+    limit = settings.MAX_UPLOAD_BYTES
+    return BodyTooLarge(
+        f"the upload is larger than the limit of {limit} bytes", limit=limit, setting="MODELYARD_MAX_UPLOAD_BYTES"
+    )
 
 
 class StreamingBody(io.RawIOBase):
@@ -44,6 +95,7 @@ class StreamingBody(io.RawIOBase):
         self._loop = loop
         self._buffer = bytearray()
         self._done = False
+        self.received = 0
 
     def readable(self) -> bool:
         return True
@@ -53,12 +105,22 @@ class StreamingBody(io.RawIOBase):
         self._loop.call_soon_threadsafe(self._channel.body_finished.set)
 
     def _pull(self) -> None:
-        message = asyncio.run_coroutine_threadsafe(self._channel(), self._loop).result()
+        try:
+            message = asyncio.run_coroutine_threadsafe(self._channel.receive_body(), self._loop).result()
+        except BodyIdleTimeout:
+            self._finish()
+            raise
         if message["type"] == "http.disconnect":
             self._finish()
-            raise RequestAborted("the client disconnected during the upload")
-        self._buffer += message.get("body", b"")
+            raise self._channel.disconnected(self.received)
+        chunk = message.get("body", b"")
+        self.received += len(chunk)
+        if self.received > settings.MAX_UPLOAD_BYTES:
+            self._finish()
+            raise _upload_too_large()
+        self._buffer += chunk
         if not message.get("more_body", False):
+            self._channel.body_complete = True
             self._finish()
 
     def read(self, size: int | None = -1) -> bytes:
@@ -110,29 +172,79 @@ class StreamingASGIHandler(ASGIHandler):
         if length is not None and length > limit:
             await _reply(send, 413, f"the request body is larger than the limit of {limit} bytes")
             return
-        await super().__call__(scope, _Channel(receive, streaming=streaming), send)
+        try:
+            await super().__call__(scope, _Channel(receive, streaming=streaming, path=scope.get("path", "")), send)
+        except BodyTooLarge as exc:  # raised by read_body, before Django made a request of it
+            await _reply(send, 413, str(exc))
+        except BodyIdleTimeout as exc:
+            await _reply(send, 408, str(exc))
 
     async def read_body(self, receive: Any) -> Any:
         if isinstance(receive, _Channel) and receive.streaming:
             return StreamingBody(receive, asyncio.get_running_loop())
-        body = await super().read_body(receive)
-        if body.seek(0, io.SEEK_END) > settings.MAX_REQUEST_BODY_BYTES:
+        limit = settings.MAX_REQUEST_BODY_BYTES
+        # Django's own read_body, with a running total: nothing past the limit is received or spooled.
+        body = tempfile.SpooledTemporaryFile(max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE, mode="w+b")  # noqa: SIM115 - Django closes it
+        received = 0
+        try:
+            while True:
+                message = await receive.receive_body() if isinstance(receive, _Channel) else await receive()
+                if message["type"] == "http.disconnect":
+                    raise receive.disconnected(received) if isinstance(receive, _Channel) else RequestAborted()
+                chunk = message.get("body", b"")
+                received += len(chunk)
+                if received > limit:
+                    raise BodyTooLarge(
+                        f"the request body is larger than the limit of {limit} bytes",
+                        limit=limit,
+                        setting="MODELYARD_MAX_REQUEST_BODY_BYTES",
+                    )
+                body.write(chunk)
+                if not message.get("more_body", False):
+                    break
+        except BaseException:
             body.close()
-            raise RequestAborted("request body over the limit")
+            raise
         body.seek(0)
         return body
+
+    def create_request(
+        self, scope: Mapping[str, Any], body_file: Any
+    ) -> tuple[ASGIRequest, None] | tuple[None, HttpResponseBase]:
+        created = super().create_request(scope, body_file)
+        request = created[0]
+        if request is not None and "CONTENT_LENGTH" not in request.META:
+            # A chunked body has no Content-Length, and Django's and DRF's parsers read a missing one as
+            # "no body". A read body knows its size. A streamed upload does not: the multipart parser
+            # stops at the closing boundary anyway, so give it the most the upload may be, which
+            # StreamingBody enforces on what really arrives.
+            if isinstance(body_file, StreamingBody):
+                request.META["CONTENT_LENGTH"] = str(settings.MAX_UPLOAD_BYTES)
+            else:
+                size = body_file.seek(0, io.SEEK_END)
+                body_file.seek(0)
+                if size:
+                    request.META["CONTENT_LENGTH"] = str(size)
+        return created
 
     async def listen_for_disconnect(self, receive: Any) -> None:
         if isinstance(receive, _Channel):
             # While the view streams the body, the body's messages are its own.
             await receive.body_finished.wait()
+            if not receive.body_complete:
+                # The view stopped reading mid-body (a refusal, a timeout, a disconnect it already saw):
+                # what is left of the body is not for us, and the response ends the request.
+                await asyncio.Event().wait()
         await super().listen_for_disconnect(receive)
 
 
 async def _reply(send: Any, status: int, message: str) -> None:
-    import json
-
+    """A JSON error sent before Django runs; the connection closes, so an unread body is never read."""
     body = json.dumps({"error": message, "detail": None}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

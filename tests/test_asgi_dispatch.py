@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
 
 
-def call(path: str) -> tuple[int, dict[bytes, bytes], bytes]:
+def call(path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[bytes, bytes], bytes]:
     from modelyard.asgi import application
 
     sent: list[dict[str, Any]] = []
@@ -33,7 +34,7 @@ def call(path: str) -> tuple[int, dict[bytes, bytes], bytes]:
         "raw_path": path.encode(),
         "query_string": b"",
         "root_path": "",
-        "headers": [(b"host", b"127.0.0.1")],
+        "headers": [(b"host", b"127.0.0.1")] + [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()],
         "client": ("127.0.0.1", 5000),
         "server": ("127.0.0.1", 8000),
     }
@@ -43,7 +44,8 @@ def call(path: str) -> tuple[int, dict[bytes, bytes], bytes]:
     return start["status"], dict(start["headers"]), body
 
 
-def test_metrics_and_v2_go_to_the_data_plane():
+def test_metrics_and_v2_go_to_the_data_plane(settings):
+    settings.METRICS_PUBLIC = True
     status, headers, body = call("/metrics")
     assert status == 200
     assert headers[b"content-type"].startswith(b"text/plain")
@@ -57,3 +59,24 @@ def test_other_paths_go_to_django():
     status, _, body = call("/api/v1/models")
     assert status == 401
     assert b"authentication required" in body
+
+
+@pytest.mark.django_db(transaction=True)
+def test_metrics_need_an_inference_or_admin_token_unless_public():
+    from registry import services
+    from registry.models import Role
+
+    tokens = {
+        role: services.token_create(username=f"metrics-{role}", create_user=True, roles=[role])[1]
+        for role in (Role.INFERENCE, Role.ADMIN, Role.VIEWER)
+    }
+    for headers in ({}, {"Authorization": f"Bearer {tokens[Role.VIEWER]}"}, {"Authorization": "Bearer my_x_nonsense"}):
+        status, _, body = call("/metrics", headers)
+        assert status == 401
+        assert json.loads(body) == {
+            "error": "a bearer token with the inference or admin role is required (MODELYARD_METRICS_PUBLIC)"
+        }
+    for role in (Role.INFERENCE, Role.ADMIN):
+        status, _, body = call("/metrics", {"Authorization": f"Bearer {tokens[role]}"})
+        assert status == 200
+        assert b"modelyard_inference_request_seconds" in body

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import http.client
+import json
+import logging
 import socket
 import threading
 import time
@@ -17,6 +19,7 @@ from modelyard.streaming import StreamingASGIHandler
 from registry.models import ModelVersion
 from storage import get_storage
 from tests.onnx_models import add_model_bytes
+from tests.rawhttp import read_response, send_chunked, send_head
 
 pytestmark = pytest.mark.django_db(transaction=True)
 BOUNDARY = "modelyardtestboundary"
@@ -31,7 +34,10 @@ def free_port() -> int:
 @pytest.fixture
 def server() -> Iterator[int]:
     port = free_port()
-    config = uvicorn.Config(StreamingASGIHandler(), host="127.0.0.1", port=port, lifespan="off", log_level="warning")
+    # log_config=None: uvicorn's own errors reach the root logger, where caplog sees them.
+    config = uvicorn.Config(
+        StreamingASGIHandler(), host="127.0.0.1", port=port, lifespan="off", log_level="warning", log_config=None
+    )
     instance = uvicorn.Server(config)
     thread = threading.Thread(target=instance.run, daemon=True)
     thread.start()
@@ -109,3 +115,142 @@ def test_other_request_bodies_are_capped(server, owner, settings):
     response = connection.getresponse()
     assert response.status == 413
     assert not ModelVersion.objects.exists()
+
+
+# --- bodies are bounded while they arrive, chunked or not ------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/api/v1/models", "/accounts/login/"])
+def test_chunked_body_over_the_limit_is_refused_while_it_arrives_before_authentication(server, settings, path):
+    settings.MAX_REQUEST_BODY_BYTES = 64 * 1024
+    # 4 MiB offered in 16 KiB chunks and never ended: the server must answer without waiting for the rest.
+    sock = send_chunked(server, path, {"Content-Type": "application/json"}, [b"a" * 16384] * 256, end=False)
+    status, headers, body = read_response(sock)
+    assert status == 413
+    assert json.loads(body) == {"error": "the request body is larger than the limit of 65536 bytes", "detail": None}
+    assert headers["connection"] == "close"
+
+
+def test_chunked_json_body_under_the_limit_is_read(server, owner):
+    body = json.dumps({"name": "chunky", "description": "sent in chunks"}).encode()
+    sock = send_chunked(
+        server,
+        "/api/v1/models",
+        {"Content-Type": "application/json", "Authorization": f"Bearer {owner.token}"},
+        [body[:10], body[10:]],
+        end=True,
+    )
+    status, _, response = read_response(sock)
+    assert status == 201, response
+    assert json.loads(response)["description"] == "sent in chunks"
+
+
+def multipart(*files: tuple[str, bytes]) -> bytes:
+    return b"".join(part(name, data) for name, data in files) + f"--{BOUNDARY}--\r\n".encode()
+
+
+def test_chunked_multipart_upload_is_stored_whole(server, owner, registered):
+    extra = bytes(range(256)) * 4096  # 1 MiB
+    model = add_model_bytes()
+    body = multipart(("model.onnx", model), ("extra.bin", extra))
+    pieces = [body[i : i + 65536] for i in range(0, len(body), 65536)]
+    headers = {"Authorization": f"Bearer {owner.token}", "Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
+    status, _, response = read_response(
+        send_chunked(server, f"/api/v1/models/{registered}/versions", headers, pieces, end=True)
+    )
+    assert status == 201, response
+    version = ModelVersion.objects.get()
+    stored = sorted(version.files.values_list("name", "size_bytes"))
+    assert stored == [("extra.bin", len(extra)), ("model.onnx", len(model))]
+    with get_storage().open(version.files.get(name="extra.bin").storage_key) as fh:
+        assert fh.read() == extra
+
+
+def test_chunked_upload_over_the_limit_is_refused_while_it_arrives(server, owner, registered, settings):
+    settings.MAX_UPLOAD_BYTES = 256 * 1024
+    body = multipart(("model.onnx", add_model_bytes()), ("extra.bin", b"x" * (8 * 1024 * 1024)))
+    pieces = [body[i : i + 16384] for i in range(0, len(body), 16384)]
+    headers = {"Authorization": f"Bearer {owner.token}", "Content-Type": f"multipart/form-data; boundary={BOUNDARY}"}
+    status, headers, response = read_response(
+        send_chunked(server, f"/api/v1/models/{registered}/versions", headers, pieces, end=False)
+    )
+    assert status == 413
+    assert json.loads(response)["error"] == "the upload is larger than the limit of 262144 bytes"
+    assert headers["connection"] == "close"
+    assert not ModelVersion.objects.exists()
+    assert incoming_bytes(Path(settings.STORAGE.path)) == 0
+
+
+def upload_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("upload-")]
+
+
+def test_stalled_upload_is_ended_and_frees_its_thread(server, owner, registered, settings):
+    settings.BODY_IDLE_TIMEOUT_SECONDS = 0.5
+    body = multipart(("model.onnx", add_model_bytes()), ("extra.bin", b"x" * (1024 * 1024)))
+    headers = {
+        "Authorization": f"Bearer {owner.token}",
+        "Content-Type": f"multipart/form-data; boundary={BOUNDARY}",
+        "Content-Length": str(len(body)),
+    }
+    sock = send_head(server, f"/api/v1/models/{registered}/versions", headers, body[: len(body) // 2])  # then nothing
+    status, headers, response = read_response(sock)
+    assert status == 408
+    assert json.loads(response) == {
+        "error": "no request body bytes arrived for 0.5 s (MODELYARD_BODY_IDLE_TIMEOUT_SECONDS)",
+        "detail": {"seconds": 0.5},
+    }
+    assert headers["connection"] == "close"
+    # The view returned (it sent the answer) and its storage writer stopped; nothing was kept.
+    assert not ModelVersion.objects.exists()
+    deadline = time.monotonic() + 10
+    while upload_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert upload_threads() == []
+    assert incoming_bytes(Path(settings.STORAGE.path)) == 0
+
+
+def test_stalled_json_body_gets_408_before_django_runs(server, settings):
+    settings.BODY_IDLE_TIMEOUT_SECONDS = 0.5
+    sock = send_head(server, "/api/v1/models", {"Content-Length": "100"}, b"{")
+    status, _, response = read_response(sock)
+    assert status == 408
+    assert json.loads(response) == {
+        "error": "no request body bytes arrived for 0.5 s (MODELYARD_BODY_IDLE_TIMEOUT_SECONDS)",
+        "detail": None,
+    }
+
+
+def wait_for_log(caplog: pytest.LogCaptureFixture, text: str) -> None:
+    deadline = time.monotonic() + 20
+    while not any(text in r.getMessage() for r in caplog.records) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("upload", [True, False], ids=["upload", "json"])
+def test_client_that_disconnects_mid_body_is_one_info_line(server, owner, registered, caplog, upload):
+    caplog.set_level(logging.INFO)
+    if upload:
+        path, body = f"/api/v1/models/{registered}/versions", multipart(("model.onnx", add_model_bytes()))
+        content_type = f"multipart/form-data; boundary={BOUNDARY}"
+    else:
+        path, body, content_type = "/api/v1/models", b'{"name": "never-finished"}', "application/json"
+    headers = {
+        "Authorization": f"Bearer {owner.token}",
+        "Content-Type": content_type,
+        "Content-Length": str(len(body) + 1000),
+    }
+    sock = send_head(server, path, headers, body)
+    time.sleep(0.3)  # let the server start reading; the assertions below do not depend on it
+    sock.close()
+    wait_for_log(caplog, "disconnected")
+    deadline = time.monotonic() + 10
+    while upload_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lines = [r for r in caplog.records if r.name.startswith(("modelyard", "django", "uvicorn", "registry"))]
+    assert [(r.levelname, r.getMessage()) for r in lines] == [
+        ("INFO", f"{path}: the client disconnected after {len(body)} body bytes")
+    ]
+    assert not any(r.exc_info for r in caplog.records)
+    assert not ModelVersion.objects.exists()
+    assert upload_threads() == []

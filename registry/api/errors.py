@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestAborted, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions
 from rest_framework.permissions import SAFE_METHODS
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from modelyard.streaming import BodyIdleTimeout, BodyTooLarge
 from registry.audit import audit_access_denied, audit_token_rejected
 from registry.errors import ApiError
 from storage import StorageError
@@ -32,9 +35,39 @@ def _summarise(detail: Any) -> str:
     return str(detail)
 
 
+def _body_refusal(exc: Exception) -> Response | None:
+    """Limits hit while the request body was read; the connection closes after an unread body."""
+    close = {"Connection": "close"}
+    if isinstance(exc, BodyTooLarge):
+        return Response({"error": str(exc), "detail": {"limit": exc.limit, "setting": exc.setting}}, 413, headers=close)
+    if isinstance(exc, BodyIdleTimeout):
+        return Response({"error": str(exc), "detail": {"seconds": exc.seconds}}, 408, headers=close)
+    if isinstance(exc, TooManyFilesSent):
+        limit = settings.DATA_UPLOAD_MAX_NUMBER_FILES
+        message = f"too many files: an upload may have at most {limit} (MODELYARD_MAX_UPLOAD_FILES)"
+        return Response({"error": message, "detail": {"limit": limit}}, 400, headers=close)
+    if isinstance(exc, TooManyFieldsSent):
+        limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+        message = f"too many form fields: a request may have at most {limit}"
+        return Response({"error": message, "detail": {"limit": limit}}, 400, headers=close)
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        message = f"the form fields are larger than the limit of {limit} bytes (MODELYARD_MAX_FORM_BYTES)"
+        return Response({"error": message, "detail": {"limit": limit}}, 413, headers=close)
+    if isinstance(exc, RequestAborted):
+        # Nobody is left to answer, and streaming.py already logged the disconnect in one line.
+        response = Response({"error": "the client disconnected", "detail": None}, 400)
+        response._has_been_logged = True  # type: ignore[attr-defined]  # Django's flag: no "Bad Request" warning
+        return response
+    return None
+
+
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, StorageError):
         return Response({"error": f"artifact storage is unavailable: {exc}", "detail": None}, status=503)
+    refusal = _body_refusal(exc)
+    if refusal is not None:
+        return refusal
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

@@ -62,6 +62,8 @@ MODELS = [
     # A long queue delay makes merging of concurrent requests certain rather than likely.
     ServedModel("batchy", [onnx_compat.add_model(0.5)], settings={"max_queue_delay_us": 50_000, "max_batch_size": 64}),
     ServedModel("gated", [onnx_compat.add_model(3.0)], settings={"max_queue_size": 1}),
+    # Every input has a fixed shape: its body limit is what those inputs can need, not the global one.
+    ServedModel("pinned", [onnx_compat.add_model(1.0, rows=2)]),
 ]
 
 
@@ -124,7 +126,7 @@ class V2Server:
             conn.close()
 
     def metrics(self) -> str:
-        response = self.request("GET", "/metrics")
+        response = self.request("GET", "/metrics", headers={"Authorization": f"Bearer {self.inference_token}"})
         assert response.status == 200
         return response.body.decode()
 

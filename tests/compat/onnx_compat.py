@@ -94,10 +94,10 @@ def multi_io_dynamic_model() -> onnx.ModelProto:
     return _model(helper.make_graph(nodes, "multi_io_dynamic", [a, b, text], outputs, inits))
 
 
-def add_model(bias: float) -> onnx.ModelProto:
-    """y = x + bias, x FP32 [N, 4]."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+def add_model(bias: float, rows: int | str = "N") -> onnx.ModelProto:
+    """y = x + bias, x FP32 [N, 4] (or [rows, 4]: every dimension fixed)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, 4])
     b = numpy_helper.from_array(np.full([4], bias, dtype=np.float32), "b")
     return _model(helper.make_graph([helper.make_node("Add", ["x", "b"], ["y"])], "add", [x], [y], [b]))
 

@@ -229,14 +229,25 @@ def test_requested_output_subset_comes_back_alone_and_in_the_asked_order(client,
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
-def test_nan_and_infinity_survive_both_encodings(client, binary):
+def test_nan_and_infinity_survive_both_output_encodings(client, binary):
     x = np.array([[np.nan, np.inf, -np.inf, -0.0]], dtype=np.float32)
     result = client.infer(
         "adder",
-        [infer_input("x", x, "FP32", binary=binary)],
+        [infer_input("x", x, "FP32", binary=True)],
         outputs=[httpclient.InferRequestedOutput("y", binary_data=binary)],
     )
     np.testing.assert_array_equal(result.as_numpy("y"), x + 1)
+
+
+def test_nan_in_json_input_is_refused_because_json_has_none(client):
+    x = np.array([[1.0, np.nan, 2.0, 3.0]], dtype=np.float32)
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer("adder", [infer_input("x", x, "FP32", binary=False)])
+    assert caught.value.status() == "400"
+    assert caught.value.message() == (
+        "input 'x': data[1] is NaN as FP32; JSON input data must be finite numbers "
+        "(send NaN and Infinity as binary tensor data)"
+    )
 
 
 def test_an_endpoint_we_do_not_have_raises_our_message(client):
