@@ -20,6 +20,12 @@ pytestmark = pytest.mark.django_db
 NOON = datetime(2026, 3, 1, 12, 0, 30, tzinfo=UTC)
 
 
+@pytest.fixture(autouse=True)
+def _no_address_rate_limit(settings):
+    """These tests count audit rows for floods of bad tokens; the per-address API limit would cut the floods short."""
+    settings.API_RATE_ANON = None
+
+
 @pytest.fixture
 def clock(monkeypatch):
     """Stops the wall clock at 12:00:30, so that a test's requests all fall in one minute; ``clock[0] = t`` moves it."""
