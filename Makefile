@@ -2,15 +2,26 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# The ONNX Runtime wheel: cpu (the default) or gpu (`make install-gpu`); a venv made for gpu stays gpu
+# until `make install ORT=cpu`. Both wheels write the same `onnxruntime` package, so only one is ever installed.
+ORT ?= $(if $(wildcard $(VENV)/.installed-gpu),gpu,cpu)
+GPU_CHECK_VENV := build/gpu-wheel-check
 
-.PHONY: install run test lint typecheck services bench clean
+.PHONY: install install-gpu run test lint typecheck services bench check-gpu-wheel clean
 
-install: $(VENV)/.installed
+install: $(VENV)/.installed-$(ORT)
 
-$(VENV)/.installed: pyproject.toml
+install-gpu:
+	$(MAKE) install ORT=gpu
+
+$(VENV)/.installed-%: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	@# switching wheels: the other one overwrote shared files, so remove both and install the one wanted afresh
+	if $(BIN)/pip show --quiet $(if $(filter gpu,$*),onnxruntime,onnxruntime-gpu) >/dev/null 2>&1; then \
+		$(BIN)/pip uninstall --quiet -y onnxruntime onnxruntime-gpu; fi
+	$(BIN)/pip install --quiet -e '.[$*,test]'
+	rm -f $(VENV)/.installed $(VENV)/.installed-*
 	touch $@
 
 run: install
@@ -26,7 +37,19 @@ lint: install
 typecheck: install
 	$(BIN)/mypy modelyard registry storage inference bench
 
-test: install services lint typecheck
+# The GPU variant in a fresh venv (no CUDA libraries, no GPU): exactly one ONNX Runtime, CUDA among its
+# providers, the fallback says why; then the CPU wheel over it, which start-up must refuse. pip's cache
+# keeps the 250 MB onnxruntime-gpu wheel between runs.
+check-gpu-wheel:
+	rm -rf $(GPU_CHECK_VENV)
+	$(PYTHON) -m venv $(GPU_CHECK_VENV)
+	$(GPU_CHECK_VENV)/bin/pip install --quiet '.[gpu]'
+	$(GPU_CHECK_VENV)/bin/python scripts/check_gpu_wheel.py
+	$(GPU_CHECK_VENV)/bin/pip install --quiet onnxruntime
+	$(GPU_CHECK_VENV)/bin/python scripts/check_gpu_wheel.py --expect-refusal
+	rm -rf $(GPU_CHECK_VENV)
+
+test: install services lint typecheck check-gpu-wheel
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/pytest
 

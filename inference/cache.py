@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -16,6 +17,8 @@ from storage import get_storage
 
 logger = logging.getLogger(__name__)
 CHUNK = 1024 * 1024
+# Bundles are folders named by a sha256; anything else here (the TensorRT engine cache) is never evicted.
+_BUNDLE_NAME = re.compile(r"[0-9a-f]{64}")
 
 
 class HashMismatch(Exception):
@@ -93,7 +96,7 @@ class ArtifactCache:
             bundles = []
             for folder in self.root.iterdir():
                 try:  # a load may be writing or replacing files in a folder right now
-                    if folder.is_dir():
+                    if folder.is_dir() and _BUNDLE_NAME.fullmatch(folder.name):
                         size = sum(f.stat().st_size for f in folder.iterdir() if f.is_file())
                         bundles.append((folder.stat().st_mtime_ns, folder, size))
                 except FileNotFoundError:

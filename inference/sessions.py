@@ -1,27 +1,63 @@
-"""Building ONNX Runtime sessions on the preferred execution provider, falling back to the CPU."""
+"""Building ONNX Runtime sessions on the preferred execution provider, and saying why when it is not the GPU.
+
+Three things go wrong on GPU hosts, all of them silently by ONNX Runtime's own behaviour, so each is
+made visible here:
+
+- Two ONNX Runtime distributions (``onnxruntime`` and ``onnxruntime-gpu``) write the same
+  ``onnxruntime`` package; with both installed, whichever was written last wins file by file and CUDA
+  disappears. :func:`check_ort_install` refuses that at start-up, naming the fix.
+- CUDA was asked for and cannot run: the CPU wheel is installed, the CUDA or cuDNN libraries do not
+  load, or there is no device. :func:`gpu_status` finds out which, once per process, after
+  ``onnxruntime.preload_dlls()`` (which loads CUDA and cuDNN from their pip packages). The reason goes
+  into each session's ``note`` and the fleet's device column; ``MODELYARD_REQUIRE_GPU`` turns it into a
+  load failure instead of a CPU fallback.
+- Provider options come from settings through one pure function, :func:`provider_options`, so what
+  is passed to ONNX Runtime can be read and tested without a GPU.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import functools
+import importlib.metadata
+import importlib.util
+import io
 import logging
 import os
+import re
+import sys
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 logger = logging.getLogger(__name__)
 
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+TENSORRT = "TensorrtExecutionProvider"
+GPU_PROVIDERS = frozenset({CUDA, TENSORRT})
 PROVIDER_NAMES = {
-    "cuda": "CUDAExecutionProvider",
-    "tensorrt": "TensorrtExecutionProvider",
+    "cuda": CUDA,
+    "tensorrt": TENSORRT,
     "rocm": "ROCMExecutionProvider",
     "openvino": "OpenVINOExecutionProvider",
     "coreml": "CoreMLExecutionProvider",
-    "cpu": "CPUExecutionProvider",
+    "cpu": CPU,
 }
 _GRAPH_LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED"}
-_dlls_preloaded = False
+_ORT_PACKAGE = "onnxruntime"
+
+
+class OnnxRuntimeInstallError(ImproperlyConfigured):
+    """No ONNX Runtime, or several distributions sharing one ``onnxruntime`` package."""
+
+
+class GpuUnavailable(RuntimeError):
+    """``MODELYARD_REQUIRE_GPU`` is set and this session would not run on the GPU."""
 
 
 @dataclass
@@ -33,6 +69,80 @@ class BuiltSession:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class GpuStatus:
+    """Whether this process can run CUDA sessions; if not, why (a sentence with the fix) and a short form."""
+
+    usable: bool
+    reason: str = ""
+    device: str = ""  # the fleet's device column (64 characters): "cuda:0", or "cpu (why, briefly)"
+
+
+# --- One ONNX Runtime --------------------------------------------------------------------------------
+
+
+def _ort_site() -> Path | None:
+    """The folder holding the ``onnxruntime`` package that ``import onnxruntime`` would load."""
+    spec = importlib.util.find_spec(_ORT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))).parent
+
+
+def _top_level_names(dist: importlib.metadata.Distribution) -> set[str]:
+    text = dist.read_text("top_level.txt")
+    if text is not None:
+        return set(text.split())
+    return {PurePosixPath(str(path)).parts[0] for path in dist.files or [] if str(path)}
+
+
+def ort_distributions(site: Path | None = None) -> list[str]:
+    """``"name version"`` of every distribution installed into ``site`` that writes the ``onnxruntime`` package.
+
+    Only the folder Python imports ``onnxruntime`` from counts: a CPU wheel in the system's
+    site-packages behind a GPU build earlier on ``sys.path`` is shadowed whole, which is harmless.
+    """
+    site = site or _ort_site()
+    if site is None:
+        return []
+    found = {
+        f"{dist.metadata['Name']} {dist.version}"
+        for dist in importlib.metadata.distributions(path=[str(site)])
+        if _ORT_PACKAGE in _top_level_names(dist)
+    }
+    return sorted(found)
+
+
+def check_ort_install(site: Path | None = None) -> str:
+    """The one ONNX Runtime distribution installed (``"onnxruntime-gpu 1.31.1"``); refuse none or several."""
+    site = site or _ort_site()
+    found = ort_distributions(site)
+    if not found:
+        raise OnnxRuntimeInstallError(
+            "No ONNX Runtime is installed: pip install 'modelyard[cpu]', or 'modelyard[gpu]' on a CUDA host "
+            "(make install / make install-gpu)"
+        )
+    if len(found) > 1:
+        names = " ".join(sorted({entry.split()[0] for entry in found}))
+        raise OnnxRuntimeInstallError(
+            f"{len(found)} ONNX Runtime distributions are installed into the same onnxruntime package in {site}: "
+            f"{', '.join(found)}. They overwrite each other's files, so the build that runs is an accident (the "
+            f"CPU wheel over the GPU one silently drops CUDA). Keep exactly one: pip uninstall -y {names}, then "
+            "pip install 'modelyard[gpu]' on a CUDA host or 'modelyard[cpu]' elsewhere "
+            "(make install-gpu / make install do both steps)."
+        )
+    return found[0]
+
+
+@functools.cache
+def ort_install() -> str:
+    """:func:`check_ort_install` once per process: the distributions do not change while it runs."""
+    return check_ort_install()
+
+
+# --- Providers and their options -----------------------------------------------------------------------
+
+
 def requested_providers() -> list[str]:
     names = []
     for item in settings.PROVIDERS:
@@ -42,17 +152,56 @@ def requested_providers() -> list[str]:
     return names
 
 
-def _preload_dlls(wanted: list[str]) -> None:
-    global _dlls_preloaded
-    import onnxruntime as ort
+def tensorrt_cache_dir() -> Path:
+    """TensorRT engines and timing caches: built once per model and GPU, reused across restarts."""
+    return Path(settings.CACHE_DIR) / "tensorrt"
 
-    if _dlls_preloaded or "CUDAExecutionProvider" not in wanted or not hasattr(ort, "preload_dlls"):
-        return
-    try:
-        ort.preload_dlls()
-    except Exception as exc:  # noqa: BLE001 - a machine without CUDA libraries falls back to the CPU
-        logger.info("onnxruntime.preload_dlls() failed: %s", exc)
-    _dlls_preloaded = True
+
+def _flag(value: bool) -> str:
+    # ONNX Runtime parses provider options from strings; "True"/"False" is the one spelling that both the
+    # CUDA provider and the Python binding's TensorRT parser accept.
+    return "True" if value else "False"
+
+
+def provider_options(names: list[str], *, cuda_graphs: bool = False) -> list[tuple[str, dict[str, str]]]:
+    """The ``providers`` argument for ``InferenceSession``: each name with the options settings give it.
+
+    ``cuda_graphs`` is decided per session by :func:`build_session` (fixed shapes and a caller that
+    binds inputs at fixed addresses), not read from settings here.
+    """
+    device = str(settings.CUDA_DEVICE_ID)
+    out: list[tuple[str, dict[str, str]]] = []
+    for name in names:
+        if name == CUDA:
+            options = {
+                "device_id": device,
+                "arena_extend_strategy": settings.CUDA_ARENA_STRATEGY,
+                "cudnn_conv_algo_search": settings.CUDA_CONV_ALGO_SEARCH,
+                "do_copy_in_default_stream": _flag(settings.CUDA_COPY_IN_DEFAULT_STREAM),
+                "enable_cuda_graph": _flag(cuda_graphs),
+            }
+            if settings.CUDA_MEM_LIMIT_MB:
+                options["gpu_mem_limit"] = str(settings.CUDA_MEM_LIMIT_MB * 1024 * 1024)
+            out.append((name, options))
+        elif name == TENSORRT:
+            cache = str(tensorrt_cache_dir())
+            out.append(
+                (
+                    name,
+                    {
+                        "device_id": device,
+                        "trt_engine_cache_enable": "True",
+                        "trt_engine_cache_path": cache,
+                        "trt_timing_cache_enable": "True",
+                        "trt_timing_cache_path": cache,
+                        "trt_fp16_enable": _flag(settings.TRT_FP16),
+                        "trt_cuda_graph_enable": _flag(cuda_graphs),
+                    },
+                )
+            )
+        else:
+            out.append((name, {}))
+    return out
 
 
 def session_options() -> Any:
@@ -73,40 +222,240 @@ def session_options() -> Any:
     return options
 
 
-def build_session(model_path: Path) -> BuiltSession:
-    """Create a session on the first requested provider that works; say so when it fell back."""
+# --- Why CUDA does not run -------------------------------------------------------------------------------
+
+
+@functools.cache
+def preload_cuda_libraries() -> tuple[str, ...]:
+    """Run ``onnxruntime.preload_dlls()`` once, before the first CUDA session; return what it could not load.
+
+    It loads CUDA and cuDNN from the ``nvidia-*`` pip packages (or the default library path). It does
+    not raise for a missing library: it prints ``Failed to load <name>: <error>``, which is captured
+    here and returned as ``(name, error)`` pairs.
+    """
+    import onnxruntime as ort
+
+    if not hasattr(ort, "preload_dlls"):  # before ONNX Runtime 1.21: the libraries come from the library path
+        return ()
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            ort.preload_dlls()
+    except Exception as exc:  # noqa: BLE001 - a failed preload is reported, the session decides
+        return (f"onnxruntime.preload_dlls() failed: {exc}",)
+    failed = []
+    for line in printed.getvalue().splitlines():
+        if line.startswith("Failed to load "):
+            name, _, error = line[len("Failed to load ") :].partition(": ")
+            name = os.path.basename(name)
+            failed.append(error if error.startswith(f"{name}: ") else f"{name}: {error}")
+    if failed:
+        logger.info("onnxruntime.preload_dlls() could not load: %s", "; ".join(failed))
+    return tuple(failed)
+
+
+def _summarise_load_errors(errors: list[str]) -> str:
+    """``a.so: E; b.so: E`` -> ``a.so, b.so (E)``: the loader's message is usually the same for every library."""
+    pairs = [error.partition(": ") for error in errors]
+    messages = {message for _, _, message in pairs}
+    if len(messages) == 1 and all(name for name, _, _ in pairs):
+        return f"{', '.join(name for name, _, _ in pairs)} ({messages.pop()})"
+    return "; ".join(errors)
+
+
+def _load_library(name: str) -> str:
+    """'' when the shared library ``name`` loads, else the loader's error."""
+    try:
+        ctypes.CDLL(name)
+    except OSError as exc:
+        return str(exc)
+    return ""
+
+
+def cuda_device_count(cuda_major: str) -> tuple[int | None, str]:
+    """(devices, why none) from the NVIDIA driver and the CUDA runtime; (None, "") when it cannot be asked."""
+    if not sys.platform.startswith("linux"):
+        return None, ""
+    driver_error = _load_library("libcuda.so.1")
+    if driver_error:
+        return 0, f"the NVIDIA driver is not installed ({driver_error})"
+    try:
+        cudart = ctypes.CDLL(f"libcudart.so.{cuda_major}")
+    except OSError:
+        return None, ""
+    count = ctypes.c_int(0)
+    code = cudart.cudaGetDeviceCount(ctypes.byref(count))
+    if code == 0:
+        return count.value, "" if count.value else "the driver reports no devices"
+    cudart.cudaGetErrorString.restype = ctypes.c_char_p
+    message = cudart.cudaGetErrorString(code).decode(errors="replace")
+    return 0, f"{message} (cudaGetDeviceCount error {code}; is the NVIDIA driver new enough for CUDA {cuda_major}?)"
+
+
+@functools.cache
+def gpu_status() -> GpuStatus:
+    """Can this process run CUDA sessions? Checked once: the build, the libraries, the device."""
+    import onnxruntime as ort
+
+    installed = ort_install()
+    if CUDA not in ort.get_available_providers():
+        wheel = ", the CPU wheel," if installed.startswith("onnxruntime ") else ""
+        return GpuStatus(
+            False,
+            f"this ONNX Runtime build has no CUDA provider ({installed}{wheel} is installed; install modelyard[gpu])",
+            "cpu (no CUDA in this ONNX Runtime build)",
+        )
+    cuda_major = str(getattr(ort, "cuda_version", "") or "").split(".")[0]
+    failed = preload_cuda_libraries()
+    cudnn_error = _load_library("libcudnn.so.9") if sys.platform.startswith("linux") else ""
+    problems = list(failed) or ([cudnn_error] if cudnn_error else [])
+    if problems:
+        detail = _summarise_load_errors(problems)
+        return GpuStatus(
+            False,
+            f"CUDA/cuDNN libraries could not be loaded: {detail} (pip install 'onnxruntime-gpu[cuda,cudnn]' "
+            f"installs CUDA {cuda_major or '?'} and cuDNN 9 as pip packages)",
+            "cpu (CUDA/cuDNN libraries not loaded)",
+        )
+    count, why = cuda_device_count(cuda_major) if cuda_major else (None, "")
+    if count == 0:
+        return GpuStatus(False, f"no CUDA device: {why}", "cpu (no CUDA device)")
+    device = settings.CUDA_DEVICE_ID
+    if count is not None and device >= count:
+        return GpuStatus(
+            False,
+            f"no CUDA device {device}: this host has {count} (MODELYARD_CUDA_DEVICE_ID counts from 0)",
+            f"cpu (no CUDA device {device})",
+        )
+    return GpuStatus(True, "", f"cuda:{device}")
+
+
+_SOURCE_LOCATION = re.compile(r"^\S+\.(?:cc|cpp|h):\d+\s+(?:[^()]*\([^)]*\)\s+)?")
+
+
+def explain_provider_error(provider: str, error: str) -> str:
+    """One line saying why ``provider`` failed to create a session, sorted into the reasons the fleet shows."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    text = _SOURCE_LOCATION.sub("", lines[0] if lines else "unknown error").split(" ; GPU=")[0][:400]
+    lowered = error.lower()
+    if any(
+        marker in lowered
+        for marker in (
+            "no cuda-capable device",
+            "invalid device ordinal",
+            "driver version is insufficient",
+            "libcuda.so",
+        )
+    ):
+        return f"no CUDA device: {text}"
+    if any(
+        marker in lowered for marker in ("cannot open shared object", "failed to load", "please install", "loadlibrary")
+    ):
+        libraries = "TensorRT libraries" if provider == TENSORRT else "CUDA/cuDNN libraries"
+        return f"{libraries} could not be loaded: {text}"
+    return f"{provider} failed: {text}"
+
+
+# --- Building a session ----------------------------------------------------------------------------------
+
+
+def _dynamic_inputs(session: Any) -> list[str]:
+    return [i.name for i in session.get_inputs() if any(not isinstance(d, int) or d < 0 for d in i.shape)]
+
+
+def _create(model_path: Path, chosen: list[str], *, cuda_graphs: bool) -> Any:
+    import onnxruntime as ort
+
+    # enable_fallback=0: ONNX Runtime would otherwise retry on the CPU by itself and only print why.
+    return ort.InferenceSession(
+        os.fspath(model_path),
+        session_options(),
+        providers=provider_options(chosen, cuda_graphs=cuda_graphs),
+        enable_fallback=0,
+    )
+
+
+def build_session(model_path: Path, *, fixed_address_io: bool = False) -> BuiltSession:
+    """Create a session on the first requested provider that works; say why when that is not the first asked.
+
+    ``fixed_address_io``: the caller runs the session through IO binding at fixed addresses, which a
+    captured CUDA graph needs (a replay reads the inputs from where the capture found them and ignores
+    what ``run()`` is given). Only then does ``MODELYARD_CUDA_GRAPHS`` apply.
+    """
+    installed = ort_install()
     import onnxruntime as ort
 
     wanted = requested_providers()
-    _preload_dlls(wanted)
+    notes: list[str] = []
+    if GPU_PROVIDERS & set(wanted):
+        status = gpu_status()  # preloads CUDA and cuDNN before the first CUDA session
+        if not status.usable:
+            if settings.REQUIRE_GPU:
+                raise GpuUnavailable(f"{status.reason} (MODELYARD_REQUIRE_GPU is set: no CPU fallback)")
+            notes.append(status.reason)
+            wanted = [name for name in wanted if name not in GPU_PROVIDERS]
     available = set(ort.get_available_providers())
-    chosen = [name for name in wanted if name in available] or ["CPUExecutionProvider"]
-    skipped = [name for name in wanted if name not in available]
-    provider_args: list[Any] = [
-        (name, {"device_id": settings.CUDA_DEVICE_ID}) if name == "CUDAExecutionProvider" else name for name in chosen
-    ]
-    note = f"{', '.join(skipped)} not available in this ONNX Runtime build" if skipped else ""
-    try:
-        session = ort.InferenceSession(os.fspath(model_path), session_options(), providers=provider_args)
-    except Exception as exc:
-        if chosen == ["CPUExecutionProvider"]:
-            raise
-        logger.warning("session on %s failed (%s); falling back to the CPU", chosen[0], exc)
-        session = ort.InferenceSession(os.fspath(model_path), session_options(), providers=["CPUExecutionProvider"])
-        note = f"{chosen[0]} failed: {exc}"
+    for name in wanted:
+        if name not in available:
+            notes.append(f"{name} is not in this ONNX Runtime build ({installed})")
+    chosen = [name for name in wanted if name in available]
+    if CPU not in chosen:
+        chosen.append(CPU)
+    graphs = settings.CUDA_GRAPHS and fixed_address_io and bool(GPU_PROVIDERS & set(chosen))
+    if settings.CUDA_GRAPHS and not fixed_address_io and GPU_PROVIDERS & set(chosen):
+        notes.append("MODELYARD_CUDA_GRAPHS is not used: this serving path does not bind inputs at fixed addresses")
+    while True:
+        try:
+            session = _create(model_path, chosen, cuda_graphs=graphs)
+            break
+        except Exception as exc:
+            if len(chosen) == 1:
+                raise
+            reason = explain_provider_error(chosen[0], str(exc))
+            chosen = chosen[1:]
+            if settings.REQUIRE_GPU and not GPU_PROVIDERS & set(chosen):
+                raise GpuUnavailable(f"{reason} (MODELYARD_REQUIRE_GPU is set: no CPU fallback)") from exc
+            logger.warning("%s: %s; trying %s", model_path.name, reason, chosen[0])
+            notes.append(reason)
     provider = session.get_providers()[0]
-    if wanted and provider != wanted[0]:
-        note = note or f"{wanted[0]} was requested but {provider} loaded"
-        logger.warning("%s: %s", model_path.name, note)
+    if provider != chosen[0]:
+        # ONNX Runtime dropped the provider without an error: it could not load the provider's library.
+        libraries = "TensorRT libraries" if chosen[0] == TENSORRT else "CUDA/cuDNN libraries"
+        reason = f"{libraries} could not be loaded: ONNX Runtime dropped {chosen[0]} (its log on stderr says which)"
+        if chosen[0] not in GPU_PROVIDERS:
+            reason = f"{chosen[0]} could not be created: ONNX Runtime dropped it (its log on stderr says why)"
+        if settings.REQUIRE_GPU and provider not in GPU_PROVIDERS:
+            raise GpuUnavailable(f"{reason} (MODELYARD_REQUIRE_GPU is set: no CPU fallback)")
+        notes.append(reason)
+    if graphs and provider in GPU_PROVIDERS and (dynamic := _dynamic_inputs(session)):
+        notes.append(f"CUDA graphs are off for this model: {', '.join(dynamic)} have dynamic dimensions")
+        session = _create(model_path, [provider, *chosen[chosen.index(provider) + 1 :]], cuda_graphs=False)
+    requested = requested_providers()
+    if requested and provider != requested[0] and not notes:
+        notes.append(f"{requested[0]} was requested but {provider} loaded")
+    note = "; ".join(notes)
+    if note:
+        logger.warning("%s runs on %s: %s", model_path.name, provider, note)
     return BuiltSession(session=session, provider=provider, note=note)
 
 
 def device_description() -> tuple[str, str]:
-    """(device, provider) this process would use, for the fleet page."""
+    """(device, provider) this process would use, for the fleet page; the device says why it is not the GPU.
+
+    Also the start-up check of the ONNX Runtime installation: a process with two ORT wheels stops here.
+    """
+    ort_install()
     import onnxruntime as ort
 
     wanted = requested_providers()
+    device = "cpu"
+    if GPU_PROVIDERS & set(wanted):
+        status = gpu_status()
+        device = status.device
+        if not status.usable:
+            wanted = [name for name in wanted if name not in GPU_PROVIDERS]
     available = set(ort.get_available_providers())
-    provider = next((name for name in wanted if name in available), "CPUExecutionProvider")
-    device = f"cuda:{settings.CUDA_DEVICE_ID}" if provider == "CUDAExecutionProvider" else "cpu"
+    provider = next((name for name in wanted if name in available), CPU)
+    if provider not in GPU_PROVIDERS and device.startswith("cuda"):
+        device = "cpu"
     return device, provider

@@ -74,11 +74,39 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
     return value
 
 
+def env_enum(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """One of ``choices``, matched without regard to case and returned in their spelling (``kSameAsRequested``)."""
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return default
+    spelled = {choice.lower(): choice for choice in choices}
+    try:
+        return spelled[value.strip().lower()]
+    except KeyError:
+        raise ImproperlyConfigured(f"{name}: expected one of {', '.join(choices)}, got {value!r}") from None
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     value = os.environ.get(name)
     if value is None:
         return default
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_providers(name: str, default: list[str], known: tuple[str, ...]) -> list[str]:
+    """ONNX Runtime execution providers in order: short names from ``known`` or full ``...ExecutionProvider`` names.
+
+    A misspelt provider would otherwise be skipped as "not available" and the process would quietly
+    serve on the CPU, so an unknown name stops start-up instead.
+    """
+    items = env_list(name, default)
+    for item in items:
+        if item.lower() not in known and not item.endswith("ExecutionProvider"):
+            raise ImproperlyConfigured(
+                f"{name}: unknown execution provider {item!r}; expected {', '.join(known)} or a full name such as "
+                "CUDAExecutionProvider"
+            )
+    return items
 
 
 _PERIODS = {

@@ -15,10 +15,12 @@ from modelyard.env import (
     database_from_url,
     env_bool,
     env_choice,
+    env_enum,
     env_float,
     env_int,
     env_list,
     env_networks,
+    env_providers,
     env_rate,
     env_str,
     load_or_create_secret,
@@ -251,8 +253,31 @@ LOGGING = {
 
 # --- Inference -------------------------------------------------------------------------------
 ROLE = env_choice("MODELYARD_ROLE", "all", ("all", "web", "inference"))
-PROVIDERS = env_list("MODELYARD_PROVIDERS", ["cuda", "cpu"])
+PROVIDERS = env_providers(
+    "MODELYARD_PROVIDERS", ["cuda", "cpu"], ("cuda", "tensorrt", "rocm", "openvino", "coreml", "cpu")
+)
+# Refuse to serve on the CPU when CUDA (or TensorRT) does not load: each load fails with the reason.
+REQUIRE_GPU = env_bool("MODELYARD_REQUIRE_GPU", False)
+_GPU_PROVIDERS = {"cuda", "tensorrt", "cudaexecutionprovider", "tensorrtexecutionprovider"}
+if REQUIRE_GPU and not _GPU_PROVIDERS & {name.lower() for name in PROVIDERS}:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        f"MODELYARD_REQUIRE_GPU: MODELYARD_PROVIDERS={','.join(PROVIDERS)} names no GPU provider (cuda or tensorrt)"
+    )
+# CUDA provider options (inference/sessions.py: provider_options); ONNX Runtime's defaults unless set.
 CUDA_DEVICE_ID = env_int("MODELYARD_CUDA_DEVICE_ID", 0, minimum=0)
+CUDA_MEM_LIMIT_MB = env_int("MODELYARD_CUDA_MEM_LIMIT_MB", 0, minimum=0)  # 0: no limit on the arena
+CUDA_ARENA_STRATEGY = env_enum(
+    "MODELYARD_CUDA_ARENA_STRATEGY", "kNextPowerOfTwo", ("kNextPowerOfTwo", "kSameAsRequested")
+)
+CUDA_CONV_ALGO_SEARCH = env_enum(
+    "MODELYARD_CUDA_CONV_ALGO_SEARCH", "EXHAUSTIVE", ("EXHAUSTIVE", "HEURISTIC", "DEFAULT")
+)
+CUDA_COPY_IN_DEFAULT_STREAM = env_bool("MODELYARD_CUDA_COPY_IN_DEFAULT_STREAM", True)
+# CUDA graphs replay one captured run: only for models whose input shapes never change.
+CUDA_GRAPHS = env_bool("MODELYARD_CUDA_GRAPHS", False)
+TRT_FP16 = env_bool("MODELYARD_TRT_FP16", False)
 ORT_INTRA_OP_THREADS = env_int("MODELYARD_ORT_INTRA_OP_THREADS", 0, minimum=0)
 ORT_INTER_OP_THREADS = env_int("MODELYARD_ORT_INTER_OP_THREADS", 0, minimum=0)
 ORT_SPINNING = env_bool("MODELYARD_ORT_SPINNING", True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import threading
 from datetime import timedelta
+from importlib.metadata import version as dist_version
 from pathlib import Path
 
 import numpy as np
@@ -91,7 +92,8 @@ def test_served_version_loads_on_the_cpu_fallback_and_matches_onnxruntime(owner,
     [v1] = upload_versions(owner, [1.0])
     runtime = make_runtime("inproc-cpu")
     expected = "CUDAExecutionProvider" if CUDA_AVAILABLE else CPU
-    assert (runtime.device, runtime.provider) == ("cuda:0" if CUDA_AVAILABLE else "cpu", expected)
+    device = "cuda:0" if CUDA_AVAILABLE else "cpu (no CUDA in this ONNX Runtime build)"
+    assert (runtime.device, runtime.provider) == (device, expected)
 
     # Nothing is promoted yet: the first pass reads an empty desired state and is ready at once.
     runtime.reconcile_once()
@@ -108,7 +110,11 @@ def test_served_version_loads_on_the_cpu_fallback_and_matches_onnxruntime(owner,
     assert runtime.router.resolve("other") is None
     assert loaded.provider == expected
     if not CUDA_AVAILABLE:
-        assert loaded.note == "CUDAExecutionProvider not available in this ONNX Runtime build"
+        wheel = f"onnxruntime {dist_version('onnxruntime')}, the CPU wheel,"
+        assert (
+            loaded.note
+            == f"this ONNX Runtime build has no CUDA provider ({wheel} is installed; install modelyard[gpu])"
+        )
 
     x = sample(5)
     direct = ort.InferenceSession(str(artifact_path(v1)), providers=[CPU]).run(["y"], {"x": x})[0]

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The H200 run, in two device calls (../shared/gpu/README.md says why two: 64 MiB per call).
+#
+#   here, once:   ../shared/gpu/prepare.sh ort
+#                 ../shared/gpu/prepare.sh wheels $(grep -v '^#' bench/gpu/wheels.txt)
+#   call 1:       bash bench/gpu/run.sh unpack          (carry .gpu)         -> ONNX Runtime GPU in /tmp/site
+#   call 2:       bash bench/gpu/run.sh                 (carry .gpu-wheels)  -> $OUT/gpu-serve.json
+#   rehearsal:    bash bench/gpu/run.sh --cpu-dry-run   (this machine: the same steps, CPU provider, tiny model)
+#
+# Call 2 installs the Modelyard wheels next to ONNX Runtime, exports a MiniLM-shaped model with the image's
+# torch, and runs bench/gpu/gpu_serve.py: raw ORT batch-1 and batch-128 on CUDA, then `modelyard serve --role
+# all --workers N` on SQLite with the model uploaded and promoted through the REST API, the fleet showing it
+# on CUDAExecutionProvider, and batch-1 binary-tensor clients. Extra arguments go to gpu_serve.py
+# (e.g. --workers 8 --clients 384). MODELYARD_CUDA_* variables pass through to the server.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+mode=cuda
+case "${1:-}" in
+  --cpu-dry-run) mode=cpu; shift ;;
+  unpack) mode=unpack ;;
+esac
+# The device's python3 has torch, numpy, onnx and the CUDA libraries; a rehearsal here uses the project's venv.
+default_python=python3
+if [ "$mode" = cpu ] && [ -x .venv/bin/python ]; then default_python=.venv/bin/python; fi
+PYTHON=${PYTHON:-$default_python}
+EXPORT_PYTHON=${EXPORT_PYTHON:-$PYTHON}   # a python with torch and transformers (the image's python3)
+site_given=${SITE+x}
+SITE=${SITE:-/tmp/site}
+
+if [ "$mode" = unpack ]; then
+  mkdir -p "$SITE"
+  "$PYTHON" -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .gpu/ort-gpu-sm90.tar.xz "$SITE"
+  ls "$SITE"
+  exit 0
+fi
+
+OUT=${OUT:-$root/bench/results}
+mkdir -p "$OUT"
+work=$(mktemp -d /tmp/modelyard-gpu-run-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+
+# The ONNX Runtime pack and the wheels live in $SITE on the device; a rehearsal uses this environment
+# unless SITE is set (then it rehearses the device's layout too).
+if [ "$mode" = cuda ] || [ -n "$site_given" ]; then
+  [ -d "$SITE/onnxruntime" ] || { echo "no ONNX Runtime in $SITE: run 'bash bench/gpu/run.sh unpack' first (call 1)" >&2; exit 2; }
+  if compgen -G ".gpu-wheels/*.whl" >/dev/null; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --upgrade --target "$SITE" .gpu-wheels/*.whl
+  fi
+  pythonpath="$SITE:$root"
+  # onnxruntime.preload_dlls() looks for CUDA and cuDNN in an `nvidia` folder beside `onnxruntime`, where
+  # `pip install 'onnxruntime-gpu[cuda,cudnn]'` puts them; the image has them in its own site-packages.
+  if [ ! -e "$SITE/nvidia" ]; then
+    nvidia=${NVIDIA_DIR:-$(PYTHONPATH='' "$PYTHON" -c "import nvidia; print(list(nvidia.__path__)[0])" 2>/dev/null || true)}
+    if [ -n "$nvidia" ]; then ln -s "$nvidia" "$SITE/nvidia" && echo "linked $SITE/nvidia -> $nvidia"; fi
+  fi
+else
+  pythonpath="$root"
+fi
+
+if [ "$mode" = cuda ]; then
+  preset=minilm; bench_args=(--device cuda)
+else
+  preset=tiny
+  bench_args=(--device cpu --workers 1,2 --clients 4,16 --duration 2 --warmup 1 --raw-seconds 1 --load-processes 2)
+fi
+# The export runs on the image's own packages: the wheels in $SITE are not on its path.
+"$EXPORT_PYTHON" bench/gpu/export_model.py "$work/model.onnx" --preset "$preset"
+name=$([ "$mode" = cuda ] && echo gpu-serve || echo gpu-serve-cpu-dry-run)
+PYTHONPATH="$pythonpath${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" bench/gpu/gpu_serve.py \
+  --model "$work/model.onnx" --out "$OUT/$name.json" "${bench_args[@]}" "$@"
