@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from registry.models import Alias, AuditEvent, PromotionRequest, Role
-from tests.ui_data import PASSWORD, login_person, pending_promotion
+from tests.support.people import PASSWORD, login_person
+from tests.support.registry import pending_promotion
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -7,8 +7,8 @@ import tracemalloc
 import pytest
 
 from registry.models import AuditEvent, Role
-from tests.conftest import make_person
-from tests.registry.audit_factory import append_bulk_events
+from tests.support.audit_factory import append_bulk_events
+from tests.support.people import make_person
 
 pytestmark = pytest.mark.django_db
 

@@ -8,7 +8,7 @@ import pytest
 
 from registry.models import AuditEvent, ModelFile, ModelVersion
 from storage import get_storage
-from tests.onnx_models import add_model_bytes
+from tests.support.onnx_models import add_model_bytes
 
 pytestmark = pytest.mark.django_db
 
