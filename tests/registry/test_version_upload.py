@@ -9,12 +9,9 @@ import pytest
 from registry.models import AuditEvent, ModelFile, ModelVersion
 from storage import get_storage
 from tests.support.onnx_models import add_model_bytes
+from tests.support.uploads import stored_keys
 
 pytestmark = pytest.mark.django_db
-
-
-def stored_keys() -> list[str]:
-    return [item.key for item in get_storage().list("")]
 
 
 def test_upload_stores_bytes_and_ends_ready_with_signature(owner, registered):
