@@ -29,6 +29,7 @@ typecheck: install
 test: install services lint typecheck
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/pytest
+	$(BIN)/pytest -m slow
 
 bench: install services
 	$(BIN)/python bench/upload.py
