@@ -61,6 +61,14 @@ def domain_error_response(exc: Exception) -> Response | None:
     return Response(error_body(f"artifact storage is unavailable: {exc}"), status=status)
 
 
+def _closing(exc: errors.RegistryError) -> Response:
+    """A domain error's answer that closes the connection, for a refusal that leaves the body unread."""
+    response = domain_error_response(exc)
+    assert response is not None  # every domain error has a status (tests/test_architecture.py)
+    response["Connection"] = "close"
+    return response
+
+
 def _summarise(detail: Any) -> str:
     if isinstance(detail, dict):
         parts = []
@@ -80,27 +88,20 @@ def _body_refusal(exc: Exception) -> Response | None:
         return Response(error_body(str(exc), {"limit": exc.limit, "setting": exc.setting}), 413, headers=close)
     if isinstance(exc, BodyIdleTimeout):
         return Response(error_body(str(exc), {"seconds": exc.seconds}), 408, headers=close)
-    if isinstance(exc, TooManyFilesSent):
-        return _with_headers(domain_error_response(errors.TooManyFiles(settings.DATA_UPLOAD_MAX_NUMBER_FILES)), close)
+    if isinstance(exc, TooManyFilesSent):  # Django counted the parts; worded as the upload service words it
+        return _closing(errors.TooManyFiles(settings.DATA_UPLOAD_MAX_NUMBER_FILES))
     if isinstance(exc, TooManyFieldsSent):
         limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
         message = f"too many form fields: a request may have at most {limit}"
         return Response(error_body(message, {"limit": limit}), 400, headers=close)
     if isinstance(exc, RequestDataTooBig):
-        return _with_headers(domain_error_response(errors.FormTooLarge(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)), close)
+        return _closing(errors.FormTooLarge(settings.DATA_UPLOAD_MAX_MEMORY_SIZE))
     if isinstance(exc, RequestAborted):
         # Nobody is left to answer, and streaming.py already logged the disconnect in one line.
         response = Response(error_body("the client disconnected"), 400)
         response._has_been_logged = True  # type: ignore[attr-defined]  # Django's flag: no "Bad Request" warning
         return response
     return None
-
-
-def _with_headers(response: Response | None, headers: dict[str, str]) -> Response | None:
-    if response is not None:
-        for name, value in headers.items():
-            response[name] = value
-    return response
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
