@@ -52,6 +52,7 @@ check-gpu-wheel:
 test: install services lint typecheck check-gpu-wheel
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/pytest
+	$(BIN)/pytest -m slow
 
 bench: install services
 	$(BIN)/python bench/upload.py

@@ -1,9 +1,11 @@
-"""Helpers the benchmark scripts share: a throwaway work folder, the JSON result, stopping servers."""
+"""Helpers the benchmark scripts share: a throwaway work folder, the JSON result, stopping servers.
+
+Process groups are killed with ``modelyard.processes.kill_group``, the helper the tests use too.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -53,13 +55,3 @@ def stop_process(process: subprocess.Popen[Any] | None, sig: int = signal.SIGTER
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-
-
-def kill_group(process: subprocess.Popen[Any]) -> None:
-    """SIGKILL the process's whole group (started with start_new_session=True)."""
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    process.wait(timeout=10)

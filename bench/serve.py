@@ -218,15 +218,12 @@ def register(settings_json: str) -> None:
 
     django.setup()
     logging.getLogger("kombu").setLevel(logging.ERROR)
-    import io
-
     from django.core.management import call_command
 
     from registry import promotions, services
     from registry.audit import Actor
-    from registry.models import RegisteredModel, Role, VersionStatus
-    from registry.work import upload_key_prefix
-    from storage import get_storage
+    from registry.models import PRODUCTION, RegisteredModel, Role, VersionStatus
+    from registry.uploads import LocalUpload, version_upload
 
     call_command("migrate", interactive=False, verbosity=0)
     if RegisteredModel.objects.filter(name=MODEL_NAME).exists():
@@ -238,15 +235,10 @@ def register(settings_json: str) -> None:
     extra = json.loads(settings_json)
     if extra:
         model = services.model_update(model=model, actor=owner, **extra)
-    data = MODEL_PATH.read_bytes()
-    written = get_storage().write(f"{upload_key_prefix(MODEL_NAME, 'bench')}/model.onnx", io.BytesIO(data))
-    stored = services.StoredFile(
-        name="model.onnx", storage_key=written.key, sha256=written.sha256, size_bytes=len(data)
-    )
-    version = services.version_create(model=model, files=[stored], actor=owner)
+    version = version_upload(model=model, source=LocalUpload([("model.onnx", MODEL_PATH)]), actor=owner)
     version.refresh_from_db()
     assert version.status == VersionStatus.READY, version.errors
-    outcome = promotions.alias_set(model=model, alias_name="production", version_number=version.version, actor=owner)
+    outcome = promotions.alias_set(model=model, alias_name=PRODUCTION, version_number=version.version, actor=owner)
     assert outcome.promotion is not None
     promotions.promotion_approve(promotion_id=outcome.promotion.pk, actor=approver)
 

@@ -39,7 +39,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import kill_group, run_in_workdir
+from common import run_in_workdir
+
+from modelyard.processes import kill_group
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_PATH = ROOT.parent / "shared" / "models" / "minilm-l6" / "model.onnx"

@@ -71,6 +71,7 @@ def createtoken(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
     from registry import services
+    from registry.errors import RegistryError
 
     try:
         token, raw = services.token_create(
@@ -80,8 +81,8 @@ def createtoken(args: argparse.Namespace) -> int:
             name=args.name,
             expires_in=timedelta(days=args.expires_days) if args.expires_days else None,
         )
-    except ValueError as exc:
-        print(f"modelyard createtoken: {exc}", file=sys.stderr)
+    except RegistryError as exc:
+        print(f"modelyard createtoken: {exc.message}", file=sys.stderr)
         return 2
     roles = ", ".join(args.role) or "no new roles"
     expiry = f", expires {token.expires_at:%Y-%m-%d %H:%M} UTC" if token.expires_at else ""
@@ -137,10 +138,8 @@ def demo(args: argparse.Namespace) -> int:
     """
     _setup()
     import hashlib
-    import io
     import logging
     import time
-    import uuid
     from datetime import timedelta
 
     import numpy as np
@@ -154,10 +153,17 @@ def demo(args: argparse.Namespace) -> int:
     from registry.audit import Actor
     from registry.auth import authenticate_token
     from registry.errors import Conflict
-    from registry.models import Alias, InferenceWorker, PromotionRequest, PromotionState, RegisteredModel, Role
+    from registry.models import (
+        PRODUCTION,
+        Alias,
+        InferenceWorker,
+        PromotionRequest,
+        PromotionState,
+        RegisteredModel,
+        Role,
+    )
     from registry.models import VersionStatus as Status
-    from registry.work import upload_key_prefix
-    from storage import get_storage
+    from registry.uploads import LocalUpload, version_upload
 
     call_command("migrate", interactive=False, verbosity=0)
     for noisy in ("celery", "kombu"):  # in-process validation logs every task; the newcomer needs none of it
@@ -198,11 +204,8 @@ def demo(args: argparse.Namespace) -> int:
     )
     version = model.versions.filter(sha256=sha256).exclude(status=Status.FAILED).order_by("-version").first()
     if version is None:
-        written = get_storage().write(f"{upload_key_prefix(model.name, uuid.uuid4().hex)}/model.onnx", io.BytesIO(data))
-        stored = services.StoredFile(
-            name="model.onnx", storage_key=written.key, sha256=written.sha256, size_bytes=len(data)
-        )
-        version = services.version_create(model=model, files=[stored], description="modelyard demo", actor=owner)
+        upload = LocalUpload([("model.onnx", data)], description="modelyard demo")
+        version = version_upload(model=model, source=upload, actor=owner)
     deadline = time.monotonic() + 120  # embedded mode validates at once; with a broker a worker does
     while version.status in (Status.PENDING, Status.VALIDATING) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -212,7 +215,7 @@ def demo(args: argparse.Namespace) -> int:
         print(f"modelyard demo: version {version.version} is {version.status}{hint}: {version.errors}", file=sys.stderr)
         return 1
 
-    alias = Alias.objects.get(model=model, name=promotions.PRODUCTION)
+    alias = Alias.objects.get(model=model, name=PRODUCTION)
     if alias.version_id != version.pk:
         try:
             pending = PromotionRequest.objects.filter(

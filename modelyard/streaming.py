@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 import logging
 import re
 import tempfile
@@ -27,6 +26,8 @@ from django.conf import settings
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, ASGIRequest
 from django.http.response import HttpResponseBase
+
+from modelyard.error_body import error_body_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -240,7 +241,7 @@ class StreamingASGIHandler(ASGIHandler):
 
 async def _reply(send: Any, status: int, message: str) -> None:
     """A JSON error sent before Django runs; the connection closes, so an unread body is never read."""
-    body = json.dumps({"error": message, "detail": None}).encode()
+    body = error_body_bytes(message)
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

@@ -19,7 +19,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
-from registry.auth import split_token
+from registry.auth import bearer_token, split_token
 from registry.clients import clean_text, client_address, request_id
 from registry.models import AuditChainHead, AuditEvent, AuthFailureWindow
 
@@ -204,9 +204,8 @@ def audit_auth_failures_summarise(*, now: datetime | None = None, limit: int = A
 
 def audit_token_rejected(*, request: Any, reason: str) -> AuditEvent | None:
     """Record a request whose bearer token did not authenticate; the target is the token's public prefix."""
-    header = request.META.get("HTTP_AUTHORIZATION", "")
-    scheme, _, raw = header.partition(" ")
-    parts = split_token(raw.strip()) if scheme.lower() == "bearer" else None
+    raw = bearer_token(request.META.get("HTTP_AUTHORIZATION", ""))
+    parts = split_token(raw) if raw is not None else None
     return audit_auth_failed(request=request, target_type="token", target=parts[0] if parts else "", reason=reason)
 
 

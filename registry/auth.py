@@ -21,6 +21,16 @@ from registry.throttling import ClientAddressThrottle, client_address
 TOKEN_PREFIX = "my_"
 
 
+def bearer_token(header: str) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (blank if none follows); None for any other scheme.
+
+    Every place that reads the header parses it here: the API's authentication, the audit of a
+    refused token, and ``/v2`` (through ``registry.serving``).
+    """
+    scheme, _, raw = header.partition(" ")
+    return raw.strip() if scheme.lower() == "bearer" else None
+
+
 def split_token(raw: str) -> tuple[str, str] | None:
     if not raw.startswith(TOKEN_PREFIX):
         return None
@@ -76,14 +86,11 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
     def authenticate(self, request: Request) -> tuple[AbstractBaseUser, ApiToken] | None:
-        header = authentication.get_authorization_header(request).decode("latin-1")
-        if not header:
-            return None
-        scheme, _, raw = header.partition(" ")
-        if scheme.lower() != "bearer":
+        raw = bearer_token(authentication.get_authorization_header(request).decode("latin-1"))
+        if raw is None:
             return None
         try:
-            token = verify_token(raw.strip())
+            token = verify_token(raw)
         except TokenRefused as exc:
             # A bad token counts against its sender's address like any request without valid
             # credentials: past the rate, guessing gets 429 and no longer writes an audit event each time.

@@ -1,40 +1,66 @@
-"""API errors with the status that says what went wrong; rendered as ``{"error", "detail"}``."""
+"""What the registry refuses, as plain exceptions that know nothing of HTTP.
+
+Services, selectors and the upload service raise these; each transport maps them to its own
+answer in one place (the REST API and the UI through ``registry.api.errors.STATUS``, the command
+line through an exit code). The message is written for the person who made the request and is safe
+to show them; ``detail`` is optional structured data (a limit, the offending field).
+"""
 
 from __future__ import annotations
 
-from rest_framework import status
-from rest_framework.exceptions import APIException
 
-
-class ApiError(APIException):
-    status_code: int = status.HTTP_400_BAD_REQUEST
-    default_detail = "bad request"
+class RegistryError(Exception):
+    """Base class: a request the registry refuses, with a message for its sender."""
 
     def __init__(self, message: str, detail: object = None) -> None:
         super().__init__(message)
         self.message = message
-        self.extra = detail
+        self.detail = detail
 
 
-class UploadRejected(ApiError):
-    status_code = status.HTTP_400_BAD_REQUEST
+class InvalidInput(RegistryError):
+    """A value breaks a rule: a name, a parameter, a form field, a file of an upload."""
 
 
-class PayloadTooLarge(ApiError):
-    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+class TooManyFiles(InvalidInput):
+    """An upload has more files than MODELYARD_MAX_UPLOAD_FILES allows."""
+
+    def __init__(self, limit: int) -> None:
+        message = f"too many files: an upload may have at most {limit} (MODELYARD_MAX_UPLOAD_FILES)"
+        super().__init__(message, {"limit": limit})
 
 
-class Conflict(ApiError):
-    status_code = status.HTTP_409_CONFLICT
+class NotAnOnnxModel(InvalidInput):
+    """The first file of an upload is not a well-formed ONNX model (empty, not protobuf, truncated)."""
 
 
-class StorageDown(ApiError):
-    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+class UnsupportedModel(InvalidInput):
+    """The model needs a newer IR version or opset than the installed ONNX Runtime loads."""
 
 
-class Forbidden(ApiError):
-    status_code = status.HTTP_403_FORBIDDEN
+class PermissionDenied(RegistryError):
+    """The actor lacks the role, or is the wrong person, for this change."""
 
 
-class NotFound(ApiError):
-    status_code = status.HTTP_404_NOT_FOUND
+class NotFound(RegistryError):
+    """What the request names does not exist (or is not the caller's to see)."""
+
+
+class Conflict(RegistryError):
+    """The change clashes with the current state: a name taken, an alias that moved meanwhile."""
+
+
+class PayloadTooLarge(RegistryError):
+    """An upload, or its form fields, passed a size limit."""
+
+
+class FormTooLarge(PayloadTooLarge):
+    """The text fields of an upload passed MODELYARD_MAX_FORM_BYTES."""
+
+    def __init__(self, limit: int) -> None:
+        message = f"the form fields are larger than the limit of {limit} bytes (MODELYARD_MAX_FORM_BYTES)"
+        super().__init__(message, {"limit": limit})
+
+
+class StorageDown(RegistryError):
+    """Artifact storage could not be reached, or refused a write."""

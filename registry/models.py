@@ -17,6 +17,11 @@ name_validator = RegexValidator(
 )
 
 
+# The alias every model starts with: protected (a move needs a second person) and served; it is what
+# ``/v2/models/{name}`` answers with when no version or alias is named.
+PRODUCTION = "production"
+
+
 class Role(models.TextChoices):
     VIEWER = "viewer"
     MAINTAINER = "maintainer"
@@ -24,6 +29,13 @@ class Role(models.TextChoices):
     AUDITOR = "auditor"
     INFERENCE = "inference"
     ADMIN = "admin"
+
+
+class ServingStrategy(models.TextChoices):
+    """How inference processes swap versions of a model."""
+
+    BLUE_GREEN = "blue-green", "blue-green"  # load the new version beside the old, then switch
+    REPLACE = "replace", "replace"  # unload first: for models too large to hold twice
 
 
 class RegisteredModel(models.Model):
@@ -34,7 +46,7 @@ class RegisteredModel(models.Model):
     tags = models.JSONField(default=list, blank=True)
     # How inference processes swap versions: both copies briefly, or unload first (huge models).
     serving_strategy = models.CharField(
-        max_length=16, choices=[("blue-green", "blue-green"), ("replace", "replace")], default="blue-green"
+        max_length=16, choices=ServingStrategy.choices, default=ServingStrategy.BLUE_GREEN
     )
     # Dynamic batching on /v2 (used when every input and output has a dynamic first dimension). With no
     # queue delay (the default, as in Triton) requests still merge while the previous batch runs.
@@ -290,13 +302,21 @@ class PromotionRequest(models.Model):
         return f"promotion #{self.pk} {self.alias} {change} ({self.state})"
 
 
+class AliasMoveKind(models.TextChoices):
+    """How an alias came to move."""
+
+    SET = "set"  # set directly (an unprotected alias, or a forced change)
+    ROLLBACK = "rollback"  # back to the version before
+    APPROVAL = "approval"  # a promotion request was approved
+
+
 class AliasMove(models.Model):
     """One append-only entry of an alias's history: from, to, who, when, why, and via which request."""
 
     alias = models.ForeignKey(Alias, on_delete=models.CASCADE, related_name="moves")
     from_version = models.ForeignKey(ModelVersion, null=True, on_delete=models.PROTECT, related_name="+")
     to_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
-    kind = models.CharField(max_length=16)  # set, rollback or approval
+    kind = models.CharField(max_length=16, choices=AliasMoveKind.choices)
     reason = models.TextField(blank=True, default="")
     forced = models.BooleanField(default=False)
     moved_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.PROTECT, related_name="+")

@@ -18,10 +18,12 @@ from django.utils import timezone
 from registry import notify
 from registry.audit import SYSTEM, Actor, audit_record
 from registry.auth import has_role
-from registry.errors import Conflict, Forbidden, NotFound, UploadRejected
+from registry.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from registry.models import (
+    PRODUCTION,
     Alias,
     AliasMove,
+    AliasMoveKind,
     ModelVersion,
     PromotionKind,
     PromotionRequest,
@@ -31,8 +33,6 @@ from registry.models import (
     VersionStatus,
 )
 from registry.signatures import signature_diff
-
-PRODUCTION = "production"
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def _move(
     alias: Alias,
     to: ModelVersion,
     actor: Actor,
-    kind: str,
+    kind: AliasMoveKind,
     reason: str,
     forced: bool = False,
     promotion: PromotionRequest | None = None,
@@ -107,7 +107,7 @@ def _move(
     alias.save(update_fields=["version", "updated_at"])
     audit_record(
         actor=actor,
-        action="alias.rollback" if kind == "rollback" else "alias.set",
+        action="alias.rollback" if kind == AliasMoveKind.ROLLBACK else "alias.set",
         target_type="alias",
         target=f"{alias.model.name}@{alias.name}",
         model_name=alias.model.name,
@@ -137,7 +137,7 @@ def _check_signature(alias: Alias, version: ModelVersion, *, force: bool, reason
             detail={"breaking": breaking},
         )
     if not reason.strip():
-        raise UploadRejected("force=true needs a reason")
+        raise InvalidInput("force=true needs a reason")
     return True
 
 
@@ -181,7 +181,7 @@ def alias_set(
             after={"alias": alias.name, "version": version.version, "reason": reason, "forced": forced},
         )
         return AliasOutcome(alias=alias, promotion=promotion)
-    move = _move(alias=alias, to=version, actor=actor, kind="set", reason=reason, forced=forced)
+    move = _move(alias=alias, to=version, actor=actor, kind=AliasMoveKind.SET, reason=reason, forced=forced)
     return AliasOutcome(alias=alias, move=move)
 
 
@@ -193,16 +193,16 @@ def alias_rollback(*, model: RegisteredModel, alias_name: str, actor: Actor, rea
     if alias is None:
         raise NotFound(f"model '{model.name}' has no alias '{alias_name}'")
     if alias.protected and not has_role(actor.user, Role.APPROVER):
-        raise Forbidden(f"rolling back the protected alias '{alias_name}' needs the approver role")
+        raise PermissionDenied(f"rolling back the protected alias '{alias_name}' needs the approver role")
     if not alias.protected and not has_role(actor.user, Role.MAINTAINER, Role.APPROVER):
-        raise Forbidden(f"rolling back '{alias_name}' needs the maintainer or approver role")
+        raise PermissionDenied(f"rolling back '{alias_name}' needs the maintainer or approver role")
     last = alias.moves.select_related("from_version").order_by("-moved_at", "-id").first()
     if last is None or last.from_version is None:
         raise Conflict(f"alias '{alias_name}' has no earlier version to roll back to")
     target = last.from_version
     if target.status != VersionStatus.READY:
         raise Conflict(f"the previous version {target.version} is {target.status}; it cannot serve again")
-    return _move(alias=alias, to=target, actor=actor, kind="rollback", reason=reason)
+    return _move(alias=alias, to=target, actor=actor, kind=AliasMoveKind.ROLLBACK, reason=reason)
 
 
 @transaction.atomic(durable=True)
@@ -221,13 +221,13 @@ def alias_update_flags(
     another approver must approve, like a move.
     """
     if not has_role(actor.user, Role.ADMIN):
-        raise Forbidden("changing an alias's protected or served flag needs the admin role")
+        raise PermissionDenied("changing an alias's protected or served flag needs the admin role")
     model = _locked_model(model)
     alias = _locked_alias(model, alias_name, create=True)
     assert alias is not None
     if protected is False and alias.protected:
         if served is not None:
-            raise UploadRejected(
+            raise InvalidInput(
                 "unprotecting a protected alias needs a second person's approval: send protected=false on its own"
             )
         return AliasOutcome(alias=alias, promotion=_request_unprotect(alias, actor, reason))
@@ -310,9 +310,9 @@ def _noun(promotion: PromotionRequest) -> str:
 def _check_reviewer(promotion: PromotionRequest, actor: Actor, verb: str) -> None:
     if not has_role(actor.user, Role.APPROVER):
         article = "an" if promotion.kind == PromotionKind.UNPROTECT else "a"
-        raise Forbidden(f"to {verb} {article} {_noun(promotion)} you need the approver role")
+        raise PermissionDenied(f"to {verb} {article} {_noun(promotion)} you need the approver role")
     if actor.user is not None and promotion.requested_by_id == actor.user.pk:
-        raise Forbidden(f"you requested this {_noun(promotion)}; another approver must {verb} it")
+        raise PermissionDenied(f"you requested this {_noun(promotion)}; another approver must {verb} it")
     if promotion.state != PromotionState.PENDING:
         raise Conflict(f"promotion request {promotion.pk} is already {promotion.state}")
     if promotion.expires_at <= timezone.now():
@@ -367,7 +367,8 @@ def promotion_approve(*, promotion_id: int, actor: Actor, reason: str = "") -> P
             f"alias '{alias.name}' moved from version {was} to {now} since the request was made; request again"
         )
     _decide(promotion, PromotionState.APPROVED, actor, reason)
-    _move(alias=alias, to=version, actor=actor, kind="approval", reason=promotion.reason, promotion=promotion)
+    approval = AliasMoveKind.APPROVAL
+    _move(alias=alias, to=version, actor=actor, kind=approval, reason=promotion.reason, promotion=promotion)
     return promotion
 
 
@@ -385,7 +386,7 @@ def promotion_cancel(*, promotion_id: int, actor: Actor, reason: str = "") -> Pr
     promotion = _locked_promotion(promotion_id)
     own = actor.user is not None and promotion.requested_by_id == actor.user.pk
     if not own and not has_role(actor.user, Role.ADMIN):
-        raise Forbidden("only the requester or an admin can cancel a promotion request")
+        raise PermissionDenied("only the requester or an admin can cancel a promotion request")
     if promotion.state != PromotionState.PENDING:
         raise Conflict(f"promotion request {promotion.pk} is already {promotion.state}")
     _decide(promotion, PromotionState.CANCELLED, actor, reason)

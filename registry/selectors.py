@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Max, OuterRef, Prefetch, QuerySet, Subquery
+from django.conf import settings
+from django.db.models import Max, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.utils import timezone
 
 from registry.auth import has_role
-from registry.models import Alias, AliasMove, ApiToken, ModelFile, ModelVersion, PromotionRequest, RegisteredModel, Role
+from registry.models import (
+    PRODUCTION,
+    Alias,
+    AliasMove,
+    ApiToken,
+    ModelFile,
+    ModelVersion,
+    PromotionRequest,
+    RegisteredModel,
+    Role,
+    VersionStatus,
+)
 
 
 def model_list(*, query: str = "", tag: str = "") -> QuerySet[RegisteredModel]:
@@ -40,6 +53,18 @@ def version_list(*, model: RegisteredModel, status: str = "") -> QuerySet[ModelV
     if status:
         versions = versions.filter(status=status)
     return versions.order_by("-version")
+
+
+def version_stuck_ids(*, pending_older_than: timedelta) -> list[int]:
+    """Ids of versions whose validation was lost: pending too long, or validating with no heartbeat."""
+    now = timezone.now()
+    stale = now - timedelta(seconds=settings.VALIDATION_STALE_SECONDS)
+    return list(
+        ModelVersion.objects.filter(
+            Q(status=VersionStatus.PENDING, created_at__lt=now - pending_older_than)
+            | Q(status=VersionStatus.VALIDATING, validation_heartbeat_at__lt=stale)
+        ).values_list("pk", flat=True)
+    )
 
 
 def alias_list(*, model: RegisteredModel) -> QuerySet[Alias]:
@@ -79,7 +104,7 @@ def model_alias_history(*, model: RegisteredModel) -> QuerySet[AliasMove]:
 
 def model_list_with_versions(*, query: str = "") -> QuerySet[RegisteredModel]:
     """Models annotated with their latest version number and the version behind ``production``."""
-    production = Alias.objects.filter(model=OuterRef("pk"), name="production").values("version__version")[:1]
+    production = Alias.objects.filter(model=OuterRef("pk"), name=PRODUCTION).values("version__version")[:1]
     return model_list(query=query).annotate(
         latest_version=Max("versions__version"), production_version=Subquery(production)
     )

@@ -7,7 +7,6 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -19,7 +18,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from registry.audit import SYSTEM, Actor, audit_record
-from registry.errors import Conflict, UploadRejected
+from registry.errors import Conflict, InvalidInput, NotFound
 from registry.models import (
     ApiToken,
     AuditEvent,
@@ -34,38 +33,6 @@ from registry.promotions import alias_create_defaults
 from registry.validation import ValidationResult
 
 logger = logging.getLogger(__name__)
-
-
-def _enqueue_validation(version_id: int) -> None:
-    """Queue a new version's validation; called after its row is committed.
-
-    Nothing may escape: the upload has succeeded by now, and an error here (a broker that is
-    down, or, without a broker, the in-process run itself) would turn it into a 500. The version
-    stays ``pending`` (or ``validating`` with a heartbeat that goes stale) and the sweep queues it again.
-    """
-    from registry.tasks import validate_version
-
-    try:
-        validate_version.delay(version_id)
-    except Exception:
-        logger.exception("could not queue or run the validation of version %s; the sweep queues it again", version_id)
-
-
-def _requeue_validation(version_id: int) -> None:
-    """Queue a validation that the sweep found lost.
-
-    Without a broker Celery runs a task on the thread that sends it, here the embedded scheduler's,
-    which would stop every other periodic job until the validation ended; the in-process worker
-    thread runs it instead.
-    """
-    from registry.tasks import validate_version
-
-    if validate_version.app.conf.task_always_eager:
-        from registry import inprocess
-
-        inprocess.submit_validation(version_id)
-    else:
-        _enqueue_validation(version_id)
 
 
 # --- Models ------------------------------------------------------------------------------------
@@ -149,12 +116,13 @@ def version_create(
     metadata: dict[str, Any] | None = None,
     actor: Actor,
 ) -> ModelVersion:
-    """Record an uploaded bundle as a new ``pending`` version and queue its validation.
+    """Record an uploaded bundle as a new ``pending`` version: the inner, transactional step of an upload.
 
-    The bytes are already in storage; the first file is the .onnx model.
+    Only the upload service (``registry.uploads.version_upload``) calls this: it has checked and
+    stored the files (the first is the .onnx model), and it queues the validation once this commits.
     """
     if not files:
-        raise UploadRejected("no files: send the .onnx model as a multipart 'file' part")
+        raise ValueError("a version needs at least its .onnx file")
     model = RegisteredModel.objects.select_for_update().get(pk=model.pk)
     model.last_version += 1
     model.save(update_fields=["last_version", "updated_at"])
@@ -193,7 +161,6 @@ def version_create(
             "files": [{"name": f.name, "sha256": f.sha256, "size_bytes": f.size_bytes} for f in files],
         },
     )
-    transaction.on_commit(partial(_enqueue_validation, version.pk))
     return version
 
 
@@ -289,21 +256,6 @@ def version_record_validation(*, version_id: int, result: ValidationResult) -> M
     return version
 
 
-def version_requeue_stuck(*, pending_older_than: timedelta) -> list[int]:
-    """Ids of versions whose validation was lost: pending too long, or validating with no heartbeat."""
-    now = timezone.now()
-    stale = now - timedelta(seconds=settings.VALIDATION_STALE_SECONDS)
-    ids = list(
-        ModelVersion.objects.filter(
-            Q(status=VersionStatus.PENDING, created_at__lt=now - pending_older_than)
-            | Q(status=VersionStatus.VALIDATING, validation_heartbeat_at__lt=stale)
-        ).values_list("pk", flat=True)
-    )
-    for version_id in ids:
-        _requeue_validation(version_id)
-    return ids
-
-
 # --- Users and tokens -----------------------------------------------------------------------------
 
 
@@ -322,15 +274,15 @@ def token_create(
     With ``expires_in`` the token stops authenticating after that long; without, it lasts until revoked.
     """
     if expires_in is not None and expires_in <= timedelta(0):
-        raise ValueError("a token's lifetime must be positive")
+        raise InvalidInput("a token's lifetime must be positive")
     unknown = sorted(set(roles) - set(Role.values))
     if unknown:
-        raise ValueError(f"unknown role(s) {', '.join(unknown)}; roles are {', '.join(Role.values)}")
+        raise InvalidInput(f"unknown role(s) {', '.join(unknown)}; roles are {', '.join(Role.values)}")
     User = get_user_model()
     user = User.objects.filter(username=username).first()
     if user is None:
         if not create_user:
-            raise ValueError(f"no user named '{username}' (pass --create-user to create it)")
+            raise NotFound(f"no user named '{username}' (pass --create-user to create it)")
         user = User.objects.create_user(username=username)
         user.set_unusable_password()
         user.save()

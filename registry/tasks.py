@@ -1,4 +1,9 @@
-"""Celery tasks: each loads a row by id, calls a service, and is safe to deliver twice."""
+"""Celery tasks: each loads a row by id, calls a service, and is safe to deliver twice.
+
+Validation is queued from here too (:func:`validation_enqueue`, :func:`validation_requeue`), beside
+the task it queues: the upload service calls them, and this module imports the services, never the
+other way round.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from typing import Any
 from celery import shared_task
 from django.conf import settings
 
-from registry import audit, promotions, services, work
+from registry import artifacts, audit, inprocess, promotions, selectors, services, validation_job
 from registry.models import ModelVersion
 from storage import StorageUnavailable
 
@@ -24,7 +29,7 @@ def validate_version(self: Any, version_id: int) -> str:
         return "skipped"
     version = ModelVersion.objects.select_related("model").get(pk=version_id)
     try:
-        result = work.validate_stored_version(version)
+        result = validation_job.validate_stored_version(version)
     except StorageUnavailable as exc:
         if services.version_release_claim(version_id=version_id, error=str(exc), give_up=MAX_VALIDATION_ATTEMPTS):
             raise self.retry(exc=exc, countdown=min(300, 5 * 2**self.request.retries)) from exc
@@ -34,9 +39,12 @@ def validate_version(self: Any, version_id: int) -> str:
 
 
 @shared_task
-def sweep_stuck_versions() -> list[int]:
+def sweep_stuck_versions(pending_older_than_seconds: int = 300) -> list[int]:
     """Re-queue validations whose task or worker was lost."""
-    return services.version_requeue_stuck(pending_older_than=timedelta(minutes=5))
+    ids = selectors.version_stuck_ids(pending_older_than=timedelta(seconds=pending_older_than_seconds))
+    for version_id in ids:
+        validation_requeue(version_id)
+    return ids
 
 
 @shared_task
@@ -49,7 +57,7 @@ def expire_promotions() -> int:
 def collect_orphaned_artifacts(grace_seconds: int | None = None) -> list[str]:
     """Delete stored objects that no version references, once they are older than the grace period."""
     grace = settings.GC_GRACE_SECONDS if grace_seconds is None else grace_seconds
-    return work.collect_orphans(grace=timedelta(seconds=grace))
+    return artifacts.collect_orphans(grace=timedelta(seconds=grace))
 
 
 @shared_task
@@ -60,3 +68,39 @@ def summarise_auth_failures() -> int:
         handled = audit.audit_auth_failures_summarise()
         total += handled
     return total
+
+
+# --- Queueing ------------------------------------------------------------------------------------
+
+
+def validation_enqueue(version_id: int) -> None:
+    """Queue a new version's validation; called once its row is committed.
+
+    Nothing may escape: the upload has succeeded by now, and an error here (a broker that is
+    down, or, without a broker, the in-process run itself) would turn it into a 500. The version
+    stays ``pending`` (or ``validating`` with a heartbeat that goes stale) and the sweep queues it again.
+    """
+    try:
+        validate_version.delay(version_id)
+    except Exception:
+        logger.exception("could not queue or run the validation of version %s; the sweep queues it again", version_id)
+
+
+def validation_requeue(version_id: int) -> None:
+    """Queue a validation that the sweep found lost.
+
+    Without a broker Celery runs a task on the thread that sends it, here the embedded scheduler's,
+    which would stop every other periodic job until the validation ended; the in-process validation
+    thread runs it instead.
+    """
+    if validate_version.app.conf.task_always_eager:
+        _validation_thread.submit(version_id)
+    else:
+        validation_enqueue(version_id)
+
+
+def _validate_in_process(version_id: int) -> None:
+    validate_version.apply(args=(version_id,))
+
+
+_validation_thread = inprocess.JobThread(name="modelyard-validation", run=_validate_in_process)

@@ -1,8 +1,8 @@
 """The server-rendered UI for release owners and auditors.
 
 Every write calls one service from ``registry.promotions``; a refusal is shown with the
-service's own message and status, so the rules live in one place. Refusals (403) write an
-``access.denied`` audit event, as the API's do.
+service's own message and the status the API's error table gives it (``registry.api.errors.STATUS``),
+so the rules live in one place. Refusals (403) write an ``access.denied`` audit event, as the API's do.
 """
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from registry import promotions, selectors
+from registry.api.errors import status_for
 from registry.api.fleet_views import offline_after
 from registry.audit import actor_from_request, audit_access_denied, audit_event_list
 from registry.audit_verify import audit_verify
 from registry.auth import has_role
-from registry.errors import ApiError
+from registry.errors import PermissionDenied, RegistryError
 from registry.models import InferenceWorker, PromotionState, RegisteredModel, Role
 
 AUDIT_PAGE_SIZE = 200
@@ -74,9 +75,9 @@ def alias_rollback(request: HttpRequest, name: str, alias: str) -> HttpResponse:
         move = promotions.alias_rollback(
             model=model, alias_name=alias, actor=actor_from_request(request), reason=form.cleaned_data["reason"]
         )
-    except ApiError as exc:
+    except RegistryError as exc:
         _audit_refusal(request, exc)
-        return _model_detail(request, model, error=exc.message, status=exc.status_code)
+        return _model_detail(request, model, error=exc.message, status=status_for(exc) or 400)
     messages.success(request, f"'{alias}' rolled back to version {move.to_version.version}.")
     return redirect("ui:model", name=model.name)
 
@@ -114,9 +115,9 @@ def promotion_decide(request: HttpRequest, promotion_id: int, decision: str) -> 
         promotion = service(
             promotion_id=promotion_id, actor=actor_from_request(request), reason=form.cleaned_data["reason"]
         )
-    except ApiError as exc:
+    except RegistryError as exc:
         _audit_refusal(request, exc)
-        return _promotion_index(request, error=exc.message, status=exc.status_code)
+        return _promotion_index(request, error=exc.message, status=status_for(exc) or 400)
     messages.success(request, f"Promotion request {promotion.pk} {promotion.state}.")
     return redirect("ui:promotions")
 
@@ -133,9 +134,9 @@ def audit_index(request: HttpRequest) -> HttpResponse:
     return render(request, "modelyard/ui/audit.html", {"events": events, "filters": filters, "verified": verified})
 
 
-def _audit_refusal(request: HttpRequest, exc: ApiError) -> None:
-    """A service's 403 is a refusal to audit; a 404 or 409 is not."""
-    if exc.status_code == 403:
+def _audit_refusal(request: HttpRequest, exc: RegistryError) -> None:
+    """A refusal for lack of a role (403) is audited; a 404 or 409 is not."""
+    if isinstance(exc, PermissionDenied):
         audit_access_denied(request=request, reason=exc.message)
 
 

@@ -1,203 +1,286 @@
-"""Streaming multipart uploads straight into artifact storage.
+"""The one way a version is created: :func:`version_upload` streams an upload into storage, checks it, records it.
 
-Django hands each multipart chunk to :class:`ArtifactUploadHandler`, which pushes it through a
-bounded pipe to a storage write running in a helper thread. Receiving from the client and
-writing to S3 overlap, memory stays bounded by the pipe and boto3's part buffers, and no file is
-spooled to disk or held whole in memory.
+Every caller comes through here (the REST API's multipart upload, ``modelyard demo``, ``bench/``,
+the tests, and the coming UI upload form), so every check applies on every path:
+
+- each file's name (letters, digits, ``.``, ``_``, ``-``; sent once; the ``.onnx`` model first) and
+  the number of files (``MODELYARD_MAX_UPLOAD_FILES``);
+- the bytes of all the files together (``MODELYARD_MAX_UPLOAD_BYTES``), counted as they stream;
+- the model file's structure, sniffed as it streams (empty, not ONNX, truncated), and its IR
+  version and opset against what the installed ONNX Runtime loads;
+- the description and metadata: a JSON object within ``MODELYARD_MAX_JSON_DEPTH``, together within
+  ``MODELYARD_MAX_FORM_BYTES``.
+
+An upload is an :class:`UploadSource`: its files, each a readable stream, in order, then its text
+fields, asked for only once every file is stored (a multipart form may send them last). The API
+adapts a streamed multipart body to it (``registry/api/multipart.py``); :class:`LocalUpload` is
+bytes or paths of this process. No file is held whole in memory: each stream is copied to storage
+as it is read.
+
+The files go under a fresh key prefix (``registry/artifacts.py``). Until the version's row is
+committed, any failure deletes the objects written; from then on they belong to the version, and
+its validation is queued.
 """
 
 from __future__ import annotations
 
-import queue
+import io
+import json
 import re
-import threading
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, BinaryIO, Protocol
 
-from django.core.files.uploadedfile import UploadedFile
-from django.core.files.uploadhandler import FileUploadHandler
+from django.conf import settings
+from django.db import transaction
 
-from registry.errors import PayloadTooLarge, StorageDown, UploadRejected
-from registry.onnx_sniff import NotOnnx, OnnxSniffer, SniffResult
-from storage import StorageError, StorageUnavailable, WriteResult, get_storage
+from registry import artifacts, services, tasks
+from registry.audit import Actor
+from registry.errors import (
+    FormTooLarge,
+    InvalidInput,
+    NotAnOnnxModel,
+    PayloadTooLarge,
+    RegistryError,
+    StorageDown,
+    TooManyFiles,
+    UnsupportedModel,
+)
+from registry.jsondoc import JSONRefused, check_json, load_json
+from registry.models import ModelVersion, RegisteredModel
+from registry.onnx_sniff import NotOnnx, OnnxSniffer
+from registry.validation import runtime_limit_errors
+from storage import ArtifactStorage, StorageError, StorageUnavailable, WriteResult, get_storage
 
 FILE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
-PIPE_CHUNK = 1024 * 1024
-PIPE_DEPTH = 8  # chunks waiting between the request thread and the storage writer
+DESCRIPTION_MAX_CHARS = 10_000
+NO_FILES = "no files: send the .onnx model as a multipart 'file' part"
 
 
-class _Aborted(Exception):
-    pass
+@dataclass(frozen=True)
+class UploadFields:
+    """The text sent with an upload."""
+
+    description: str = ""
+    # A JSON object: a mapping, or its text as a form sends it. None means {}.
+    metadata: Mapping[str, Any] | str | None = None
 
 
-class ChunkPipe:
-    """A bounded, blocking byte pipe: the request thread writes, the storage writer reads."""
+class UploadSource(Protocol):
+    """Where an upload comes from: a streamed multipart request, local files, a future client."""
 
-    def __init__(self) -> None:
-        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=PIPE_DEPTH)
-        self._pending = b""
-        self._eof = False
-        self._aborted = threading.Event()
+    def files(self) -> Iterable[tuple[str, BinaryIO]]:
+        """Each file as (name, readable stream), the .onnx model first; a stream is read to its end before the next."""
+        ...
 
-    def put(self, data: bytes | None) -> None:
-        """Queue a chunk (None marks the end), blocking while the writer is behind."""
-        while not self._aborted.is_set():
-            try:
-                self._queue.put(data, timeout=0.5)
-                return
-            except queue.Full:
-                continue
-        raise _Aborted
+    def fields(self) -> UploadFields:
+        """The text fields; asked for once every file is stored."""
+        ...
 
-    def close(self) -> None:
-        try:
-            self.put(None)
-        except _Aborted:
-            pass  # the writer already failed; its error is reported instead
 
-    def abort(self) -> None:
-        self._aborted.set()
+@dataclass(frozen=True)
+class LocalUpload:
+    """An upload from this process; each file is bytes, a path (opened when its turn comes) or an open stream."""
+
+    parts: Sequence[tuple[str, bytes | Path | BinaryIO]]
+    description: str = ""
+    metadata: Mapping[str, Any] | str | None = None
+
+    def files(self) -> Iterator[tuple[str, BinaryIO]]:
+        for name, content in self.parts:
+            if isinstance(content, bytes):
+                yield name, io.BytesIO(content)
+            elif isinstance(content, Path):
+                with content.open("rb") as stream:
+                    yield name, stream
+            else:
+                yield name, content
+
+    def fields(self) -> UploadFields:
+        return UploadFields(description=self.description, metadata=self.metadata)
+
+
+def version_upload(*, model: RegisteredModel, source: UploadSource, actor: Actor) -> ModelVersion:
+    """Store, check and record one upload as a new ``pending`` version of ``model``; queue its validation.
+
+    Raises a :class:`~registry.errors.RegistryError` naming what was refused, and then leaves
+    nothing behind: no row, and no stored object (short of storage refusing the deletes, when the
+    orphan collector removes them later).
+    """
+    prefix = artifacts.new_upload_prefix(model.name)
+    stored: list[services.StoredFile] = []
+    files = iter(source.files())
+    try:
+        _store_files(files, prefix=prefix, stored=stored)
+        description, metadata = _checked_fields(source.fields())
+        version = services.version_create(
+            model=model, files=stored, description=description, metadata=metadata, actor=actor
+        )
+    except BaseException:
+        # Nothing was committed: version_create raised before its commit, or was never reached.
+        # The objects written are no one's.
+        artifacts.delete_quietly(item.storage_key for item in stored)
+        raise
+    finally:
+        close = getattr(files, "close", None)
+        if close is not None:
+            close()  # a generator source (LocalUpload's paths) closes what it opened
+    # version_create owns its transaction, so this runs at once, or when a test's block commits.
+    transaction.on_commit(partial(tasks.validation_enqueue, version.pk))
+    return version
+
+
+# --- Files -------------------------------------------------------------------------------------------
+
+
+class _ByteBudget:
+    """The bytes all files of one upload may have together."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def spend(self, size: int) -> None:
+        self.used += size
+        if self.used > self.limit:
+            raise PayloadTooLarge(f"the upload is larger than the limit of {self.limit} bytes")
+
+
+class _CheckedReader:
+    """A file's stream as storage reads it: counted against the upload's budget and, for the model, sniffed.
+
+    Storage backends may wrap what a read raises (boto3 runs reads in its own threads); ``error``
+    keeps the refusal itself, so the caller raises that.
+    """
+
+    def __init__(self, raw: BinaryIO, *, name: str, budget: _ByteBudget, sniffer: OnnxSniffer | None) -> None:
+        self._raw = raw
+        self._name = name
+        self._budget = budget
+        self._sniffer = sniffer
+        self.error: RegistryError | None = None
 
     def read(self, n: int = -1) -> bytes:
-        parts = [self._pending] if self._pending else []
-        have = len(self._pending)
-        self._pending = b""
-        while not self._eof and (n < 0 or have < n):
-            if self._aborted.is_set():
-                raise _Aborted("upload aborted")
+        data = self._raw.read(n)
+        if data:
             try:
-                item = self._queue.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            if item is None:
-                self._eof = True
-                break
-            parts.append(item)
-            have += len(item)
-        if 0 <= n < have:
-            # Split only the last piece, so reading a whole S3 part makes one copy of it, not two.
-            last = parts[-1]
-            cut = len(last) - (have - n)
-            parts[-1], self._pending = last[:cut], last[cut:]
-        return b"".join(parts)
-
-
-class StoredUpload(UploadedFile):
-    """What ``request.FILES`` holds for a part that went straight to storage."""
-
-    def __init__(self, *, name: str, content_type: str, write: WriteResult, sniff: SniffResult | None) -> None:
-        super().__init__(file=None, name=name, content_type=content_type, size=write.size)
-        self.storage_key = write.key
-        self.sha256 = write.sha256
-        self.sniff = sniff
-
-    def close(self) -> None:
-        """Nothing to close: the bytes are already in storage."""
-
-
-class _Writer(threading.Thread):
-    def __init__(self, key: str, pipe: ChunkPipe) -> None:
-        super().__init__(name=f"upload-{key}", daemon=True)
-        self.key = key
-        self.pipe = pipe
-        self.result: WriteResult | None = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.result = get_storage().write(self.key, self.pipe)  # type: ignore[arg-type]
-        except BaseException as exc:  # noqa: BLE001 - handed back to the request thread
-            self.error = exc
-            self.pipe.abort()
-
-
-class ArtifactUploadHandler(FileUploadHandler):
-    """Streams every ``file`` part to storage under ``key_prefix``; the first part must be the .onnx."""
-
-    chunk_size = PIPE_CHUNK
-
-    def __init__(self, request: Any, *, key_prefix: str, max_bytes: int) -> None:
-        super().__init__(request)
-        self.key_prefix = key_prefix
-        self.max_bytes = max_bytes
-        self.received = 0
-        self.written_keys: list[str] = []
-        self.seen_names: set[str] = set()
-        self._writer: _Writer | None = None
-        self._sniffer: OnnxSniffer | None = None
-
-    def new_file(self, field_name: str, file_name: str, content_type: str, *args: Any, **kwargs: Any) -> None:
-        super().new_file(field_name, file_name, content_type, *args, **kwargs)
-        if field_name != "file":
-            raise UploadRejected(f"unexpected file field '{field_name}'; send every file as a 'file' part")
-        if not FILE_NAME_PATTERN.match(file_name or ""):
-            raise UploadRejected(
-                f"invalid file name {file_name!r}: use letters, digits, '.', '_' and '-', starting with a "
-                "letter or digit"
-            )
-        if file_name in self.seen_names:
-            raise UploadRejected(f"the file '{file_name}' was sent twice")
-        first = not self.seen_names
-        if first and not file_name.lower().endswith(".onnx"):
-            raise UploadRejected(f"the first file must be the .onnx model, got '{file_name}'")
-        self.seen_names.add(file_name)
-        self._sniffer = OnnxSniffer() if first else None
-        key = f"{self.key_prefix}/{file_name}"
-        self._writer = _Writer(key, ChunkPipe())
-        self._writer.start()
-
-    def receive_data_chunk(self, raw_data: bytes, start: int) -> None:
-        self.received += len(raw_data)
-        if self.received > self.max_bytes:
-            raise PayloadTooLarge(f"the upload is larger than the limit of {self.max_bytes} bytes")
-        if self._sniffer is not None:
-            try:
-                self._sniffer.feed(raw_data)
+                self._budget.spend(len(data))
+                if self._sniffer is not None:
+                    self._sniffer.feed(data)
+            except PayloadTooLarge as exc:
+                self.error = exc
+                raise
             except NotOnnx as exc:
-                raise UploadRejected(f"'{self.file_name}': {exc}") from exc
-        assert self._writer is not None
-        try:
-            self._writer.pipe.put(raw_data)
-        except _Aborted:
-            self._raise_writer_error()
-        return None
+                self.error = NotAnOnnxModel(f"'{self._name}': {exc}")
+                raise self.error from exc
+        return data
 
-    def file_complete(self, file_size: int) -> StoredUpload:
-        assert self._writer is not None
-        writer, self._writer = self._writer, None
-        writer.pipe.close()
-        writer.join()
-        if writer.error is not None or writer.result is None:
-            self._writer = writer
-            self._raise_writer_error()
-        assert writer.result is not None
-        self.written_keys.append(writer.key)
-        sniff = None
-        if self._sniffer is not None:
-            try:
-                sniff = self._sniffer.finish()
-            except NotOnnx as exc:
-                raise UploadRejected(f"'{self.file_name}': {exc}") from exc
-        return StoredUpload(
-            name=self.file_name or "", content_type=self.content_type or "", write=writer.result, sniff=sniff
+    def readable(self) -> bool:
+        return True
+
+    def check_model(self) -> None:
+        """Once the model file is stored: it is whole, and ONNX Runtime here can load its IR version and opsets."""
+        assert self._sniffer is not None
+        try:
+            sniff = self._sniffer.finish()
+        except NotOnnx as exc:
+            raise NotAnOnnxModel(f"'{self._name}': {exc}") from exc
+        problems = runtime_limit_errors(sniff.ir_version, sniff.opsets)
+        if problems:
+            raise UnsupportedModel(f"'{self._name}': {' '.join(problems)}")
+
+
+def _store_files(files: Iterator[tuple[str, BinaryIO]], *, prefix: str, stored: list[services.StoredFile]) -> None:
+    """Check and write each file in turn; ``stored`` lists what is written, for the caller to delete on failure."""
+    storage = get_storage()
+    max_files = settings.DATA_UPLOAD_MAX_NUMBER_FILES
+    budget = _ByteBudget(settings.MAX_UPLOAD_BYTES)
+    for name, stream in files:
+        if max_files is not None and len(stored) >= max_files:
+            raise TooManyFiles(max_files)
+        _check_file_name(name, first=not stored, taken={item.name for item in stored})
+        reader = _CheckedReader(stream, name=name, budget=budget, sniffer=OnnxSniffer() if not stored else None)
+        written = _write(storage, f"{prefix}/{name}", reader)
+        stored.append(
+            services.StoredFile(name=name, storage_key=written.key, sha256=written.sha256, size_bytes=written.size)
         )
+        if len(stored) == 1:
+            reader.check_model()  # before any other file is sent on to storage
+    if not stored:
+        raise InvalidInput(NO_FILES)
 
-    def _raise_writer_error(self) -> None:
-        assert self._writer is not None
-        self._writer.join(timeout=30)
-        error = self._writer.error
-        if isinstance(error, StorageUnavailable):
-            # The same wording as any other StorageError that reaches the API (registry/api/errors.py).
-            raise StorageDown(f"artifact storage is unavailable: {error}") from error
-        if isinstance(error, StorageError):
-            raise StorageDown(f"artifact storage refused the write: {error}") from error
-        raise StorageDown(f"artifact storage failed: {error}") from error
 
-    def abort(self) -> None:
-        """Stop an unfinished write; called when the request fails for any reason."""
-        if self._writer is not None:
-            self._writer.pipe.abort()
-            self._writer.join(timeout=30)
-            self._writer = None
+def _check_file_name(name: str, *, first: bool, taken: set[str]) -> None:
+    if not FILE_NAME_PATTERN.match(name):
+        raise InvalidInput(
+            f"invalid file name {name!r}: use letters, digits, '.', '_' and '-', starting with a letter or digit"
+        )
+    if name in taken:
+        raise InvalidInput(f"the file '{name}' was sent twice")
+    if first and not name.lower().endswith(".onnx"):
+        raise InvalidInput(f"the first file must be the .onnx model, got '{name}'")
 
-    def upload_interrupted(self) -> None:
-        self.abort()
+
+def _write(storage: ArtifactStorage, key: str, reader: _CheckedReader) -> WriteResult:
+    try:
+        return storage.write(key, reader)  # type: ignore[arg-type]  # a readable stream is all write() needs
+    except BaseException as exc:
+        if reader.error is not None and reader.error is not exc:
+            raise reader.error from None
+        if isinstance(exc, StorageUnavailable):
+            raise StorageDown(f"artifact storage is unavailable: {exc}") from exc
+        if isinstance(exc, StorageError):
+            raise StorageDown(f"artifact storage refused the write: {exc}") from exc
+        raise
+
+
+# --- Text fields -------------------------------------------------------------------------------------
+
+
+def _checked_fields(fields: UploadFields) -> tuple[str, dict[str, Any]]:
+    """The description (trimmed) and metadata, or InvalidInput naming each field that breaks a rule."""
+    metadata_text = fields.metadata if isinstance(fields.metadata, str) else None
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if limit is not None and len(fields.description.encode()) + _json_size(fields.metadata) > limit:
+        raise FormTooLarge(limit)
+    problems: dict[str, list[str]] = {}
+    description = fields.description.strip()
+    if problem := _description_problems(description):
+        problems["description"] = problem
+    metadata: Any = {} if fields.metadata is None else fields.metadata
+    try:
+        if metadata_text is not None:
+            metadata = load_json(metadata_text)
+        else:
+            check_json(metadata)
+    except JSONRefused as exc:
+        problems["metadata"] = [f"not valid JSON: {exc}"]
+    else:
+        if not isinstance(metadata, dict):
+            problems["metadata"] = ["metadata must be a JSON object"]
+    if problems:
+        message = "; ".join(f"{field}: {' '.join(texts)}" for field, texts in problems.items())
+        raise InvalidInput(message, problems)
+    return description, metadata
+
+
+def _json_size(value: Mapping[str, Any] | str | None) -> int:
+    """Bytes of the metadata as a form would send it."""
+    if value is None:
+        return 0
+    return len((value if isinstance(value, str) else json.dumps(value, default=str)).encode())
+
+
+def _description_problems(description: str) -> list[str]:
+    # The wording of the API's other text fields (DRF's CharField), so every field reads alike.
+    problems = []
+    if len(description) > DESCRIPTION_MAX_CHARS:
+        problems.append(f"Ensure this field has no more than {DESCRIPTION_MAX_CHARS} characters.")
+    if "\x00" in description:
+        problems.append("Null characters are not allowed.")
+    surrogate = next((char for char in description if 0xD800 <= ord(char) <= 0xDFFF), None)
+    if surrogate is not None:
+        problems.append(f"Surrogate characters are not allowed: U+{ord(surrogate):X}.")
+    return problems

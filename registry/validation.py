@@ -22,7 +22,6 @@ import onnx
 from onnx import TensorProto, helper
 
 from registry.datatypes import ONNX_TO_PROTOCOL, numpy_of_ort_type
-from registry.validation_process import mentions_allocation_failure
 
 
 @dataclass(frozen=True)
@@ -112,6 +111,23 @@ def _first_line(exc: BaseException) -> str:
     if "] : " in text and text.startswith("[ONNXRuntimeError]"):
         text = text.split("] : ", 1)[1]
     return printable(text)
+
+
+# How libraries say that an allocation failed. Inside the validation child this is its memory limit
+# being hit, and is reported as such rather than as a defect of the model.
+ALLOCATION_FAILURES = (
+    "memoryerror",
+    "bad_alloc",
+    "bad allocation",
+    "failed to allocate memory",
+    "cannot allocate memory",
+    "failed to map segment",  # the dynamic loader, when a library does not fit under the limit
+)
+
+
+def mentions_allocation_failure(text: str) -> bool:
+    lowered = text.lower()
+    return any(marker in lowered for marker in ALLOCATION_FAILURES)
 
 
 def out_of_memory(exc: BaseException) -> bool:

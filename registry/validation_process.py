@@ -38,17 +38,6 @@ if TYPE_CHECKING:
 TIMEOUT_SETTING = "MODELYARD_VALIDATION_TIMEOUT_SECONDS"
 MEMORY_SETTING = "MODELYARD_VALIDATION_MEMORY_MB"
 
-# How libraries say that an allocation failed. Inside the child this is its memory limit being
-# hit, and is reported as such rather than as a defect of the model.
-ALLOCATION_FAILURES = (
-    "memoryerror",
-    "bad_alloc",
-    "bad allocation",
-    "failed to allocate memory",
-    "cannot allocate memory",
-    "failed to map segment",  # the dynamic loader, when a library does not fit under the limit
-)
-
 # The child's result is a few kilobytes; more than this is not a result.
 _MAX_REPLY_BYTES = 16 * 2**20
 _STDERR_TAIL_BYTES = 4096
@@ -60,15 +49,12 @@ _CHILD_CODE = (
 )
 
 
-def mentions_allocation_failure(text: str) -> bool:
-    lowered = text.lower()
-    return any(marker in lowered for marker in ALLOCATION_FAILURES)
-
-
 def validate_in_child(
     model_path: Path, file_names: set[str], *, timeout_seconds: float, memory_mb: int
 ) -> ValidationResult:
     """Run ``validate_bundle`` on ``model_path`` in a child process under the two limits; never raises for the model."""
+    from modelyard.processes import kill_group  # here: the child imports this module, and needs none of modelyard
+
     request = {
         "model_path": str(model_path),
         "file_names": sorted(file_names),
@@ -95,7 +81,7 @@ def validate_in_child(
             timed_out = True
         finally:
             # Also when this thread is interrupted (a worker shutting down): no child outlives the call.
-            _kill_group(process)
+            kill_group(process)
         step, reply = _read_reply(stdout)
         tail = _read_tail(stderr)
     return _outcome(
@@ -128,15 +114,6 @@ def _child_env() -> dict[str, str]:
         "MKL_NUM_THREADS": "1",
         "MALLOC_ARENA_MAX": "2",
     }
-
-
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    process.wait()
 
 
 def _read_reply(stdout: IO[bytes]) -> tuple[str, dict[str, Any] | None]:
@@ -183,7 +160,7 @@ def _outcome(
     timeout_seconds: float,
     memory_mb: int,
 ) -> ValidationResult:
-    from registry.validation import ValidationResult
+    from registry.validation import ValidationResult, mentions_allocation_failure
 
     where = f" while {step}" if step else " while starting"
     memory = f"validation stopped: it needed more than {memory_mb} MB of memory ({MEMORY_SETTING}){where}"

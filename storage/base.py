@@ -59,9 +59,6 @@ class ArtifactStorage(Protocol):
 
     def list(self, prefix: str = "") -> Iterator[StoredObject]: ...
 
-    def describe(self) -> str:
-        """A short human-readable location, for logs and the README."""
-
 
 class HashingReader:
     """A read-only, forward-only stream that hashes and counts what passes through it.

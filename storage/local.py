@@ -78,6 +78,3 @@ class LocalStorage:
                 yield StoredObject(
                     key=key, size=stat.st_size, last_modified=datetime.fromtimestamp(stat.st_mtime, tz=UTC)
                 )
-
-    def describe(self) -> str:
-        return f"folder {self.root}"

@@ -65,7 +65,6 @@ class S3Storage:
         # (max_io_queue, often mistaken for this bound, only applies to downloads; the default here
         # is 10 parts whatever the concurrency.)
         self.transfer_config.max_in_memory_upload_chunks = max_concurrency
-        self.endpoint_url = endpoint_url
 
     def _full(self, key: str) -> str:
         if not key or key.startswith("/") or ".." in key.split("/"):
@@ -121,7 +120,3 @@ class S3Storage:
                     )
         except (BotoCoreError, ClientError) as exc:
             raise _unavailable(exc) from exc
-
-    def describe(self) -> str:
-        where = f" at {self.endpoint_url}" if self.endpoint_url else ""
-        return f"s3://{self.bucket}/{self.prefix}{where}"

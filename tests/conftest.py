@@ -1,59 +1,21 @@
-"""Shared fixtures: named people with tokens, an API client per person, and upload helpers."""
+"""Fixtures the whole suite shares: named people, a fresh artifact folder and rate counters per test, S3.
+
+Only fixtures are declared here; the helpers behind them live in ``tests/support``.
+"""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
+import boto3
 import pytest
-from django.test import Client, TestCase
 
-from registry import services
-from registry.audit import SYSTEM
 from registry.models import Role
 from storage import get_storage
-
-pytest_plugins = ["tests.s3fixtures"]
-
-
-@dataclass
-class Person:
-    username: str
-    token: str
-    client: Client
-
-    def get(self, path: str, **kwargs: Any) -> Any:
-        return self.client.get(path, HTTP_AUTHORIZATION=f"Bearer {self.token}", **kwargs)
-
-    def post(self, path: str, data: Any = None, **kwargs: Any) -> Any:
-        kwargs.setdefault("content_type", "application/json")
-        return self.client.post(path, data, HTTP_AUTHORIZATION=f"Bearer {self.token}", **kwargs)
-
-    def patch(self, path: str, data: Any = None, **kwargs: Any) -> Any:
-        kwargs.setdefault("content_type", "application/json")
-        return self.client.patch(path, data, HTTP_AUTHORIZATION=f"Bearer {self.token}", **kwargs)
-
-    def delete(self, path: str, **kwargs: Any) -> Any:
-        return self.client.delete(path, HTTP_AUTHORIZATION=f"Bearer {self.token}", **kwargs)
-
-    def upload(self, model: str, files: list[tuple[str, bytes]], **fields: Any) -> Any:
-        """POST a multipart upload; each (name, bytes) becomes one 'file' part, in order."""
-        from django.core.files.uploadedfile import SimpleUploadedFile
-
-        parts = [SimpleUploadedFile(name, data, content_type="application/octet-stream") for name, data in files]
-        # Tasks run in-process after commit; inside a test's transaction, run them as the block exits.
-        with TestCase.captureOnCommitCallbacks(execute=True):
-            return self.client.post(
-                f"/api/v1/models/{model}/versions",
-                {"file": parts, **fields},
-                HTTP_AUTHORIZATION=f"Bearer {self.token}",
-            )
-
-
-def make_person(username: str, *roles: str) -> Person:
-    _, raw = services.token_create(username=username, create_user=True, roles=list(roles), actor=SYSTEM)
-    return Person(username=username, token=raw, client=Client())
+from tests.support.people import Person, make_person
+from tests.support.s3 import S3_PREFIX, delete_bucket, moto_server
 
 
 @pytest.fixture
@@ -118,3 +80,43 @@ def _drop_stray_connections(django_db_setup: None, django_db_blocker: Any) -> It
                 )
         except DatabaseError:
             pass  # nothing to clean up
+
+
+# --- S3 (moto over HTTP) ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """Start moto's S3 server once per session; returns its endpoint URL."""
+    with moto_server() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def s3_client(s3_endpoint: str) -> Any:
+    return boto3.session.Session().client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+
+
+@pytest.fixture
+def s3_bucket(s3_client: Any) -> Iterator[str]:
+    """A fresh, uniquely named bucket; emptied and deleted afterwards."""
+    name = f"modelyard-test-{uuid.uuid4().hex[:16]}"
+    s3_client.create_bucket(Bucket=name)
+    try:
+        yield name
+    finally:
+        delete_bucket(s3_client, name)
+
+
+@pytest.fixture
+def s3_settings(settings: Any, s3_endpoint: str, s3_bucket: str) -> Iterator[Any]:
+    """Point Django's artifact storage at the moto bucket, under the key prefix ``pfx``."""
+    from modelyard.env import StorageConfig
+
+    get_storage.cache_clear()
+    settings.STORAGE = StorageConfig(kind="s3", bucket=s3_bucket, prefix=S3_PREFIX)
+    settings.S3_ENDPOINT_URL = s3_endpoint
+    settings.S3_REGION = "us-east-1"
+    settings.S3_ADDRESSING_STYLE = "path"
+    yield settings
+    get_storage.cache_clear()

@@ -13,21 +13,18 @@ import pytest
 from django.utils import timezone
 
 from modelyard.embedded import EmbeddedScheduler
-from registry import services
+from registry import services, tasks
 from registry.audit import SYSTEM
 from registry.models import ModelVersion, RegisteredModel, VersionStatus
+from registry.uploads import LocalUpload, version_upload
 from storage import get_storage
-from tests.onnx_models import add_model_bytes, endless_loop_model
+from tests.support.onnx_models import add_model_bytes, endless_loop_model
 
 
 def _stored_version(name: str, data: bytes) -> ModelVersion:
     """A version whose validation task was lost (e.g. the process died before it ran): pending for 10 minutes."""
     model = services.model_create(name=name, actor=SYSTEM)
-    written = get_storage().write(f"artifacts/{name}/x/model.onnx", io.BytesIO(data))
-    file = services.StoredFile(
-        name="model.onnx", storage_key=written.key, sha256=written.sha256, size_bytes=written.size
-    )
-    version = services.version_create(model=model, files=[file], actor=SYSTEM)
+    version = version_upload(model=model, source=LocalUpload([("model.onnx", data)]), actor=SYSTEM)
     ModelVersion.objects.filter(pk=version.pk).update(created_at=timezone.now() - timedelta(minutes=10))
     return version
 
@@ -51,7 +48,7 @@ def _validation_children() -> list[int]:
 
 @pytest.mark.django_db(transaction=True)
 def test_embedded_scheduler_sweeps_a_lost_validation(settings, monkeypatch):
-    monkeypatch.setattr(services, "_enqueue_validation", lambda version_id: None)
+    monkeypatch.setattr(tasks, "validation_enqueue", lambda version_id: None)
     version = _stored_version("m", add_model_bytes())
     monkeypatch.undo()
 
@@ -74,7 +71,7 @@ def test_embedded_scheduler_sweeps_a_lost_validation(settings, monkeypatch):
 
 @pytest.mark.django_db(transaction=True)
 def test_periodic_jobs_keep_their_schedule_while_a_swept_validation_runs(settings, monkeypatch):
-    monkeypatch.setattr(services, "_enqueue_validation", lambda version_id: None)
+    monkeypatch.setattr(tasks, "validation_enqueue", lambda version_id: None)
     version = _stored_version("loop", endless_loop_model().SerializeToString())
     monkeypatch.undo()
     settings.VALIDATION_TIMEOUT_SECONDS = 120  # longer than this test: the validation is still running at the end

@@ -18,8 +18,8 @@ from django.conf import settings
 from modelyard.streaming import StreamingASGIHandler
 from registry.models import ModelVersion
 from storage import get_storage
-from tests.onnx_models import add_model_bytes
-from tests.rawhttp import read_response, send_chunked, send_head
+from tests.support.onnx_models import add_model_bytes
+from tests.support.rawhttp import read_response, send_chunked, send_head
 
 pytestmark = pytest.mark.django_db(transaction=True)
 BOUNDARY = "modelyardtestboundary"

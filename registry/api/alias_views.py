@@ -13,10 +13,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from modelyard.error_body import error_body
 from registry import promotions, selectors
 from registry.api.fleet_views import wait_for_fleet
 from registry.audit import actor_from_request
-from registry.errors import UploadRejected
+from registry.errors import InvalidInput
 from registry.models import Alias, AliasMove, PromotionKind, PromotionRequest, PromotionState, RegisteredModel
 
 
@@ -92,7 +93,7 @@ def _slug(value: str, what: str) -> str:
     from registry.models import NAME_PATTERN
 
     if not re.match(NAME_PATTERN, value):
-        raise UploadRejected(f"invalid {what} '{value}': use lowercase letters, digits, '.', '_' or '-'")
+        raise InvalidInput(f"invalid {what} '{value}': use lowercase letters, digits, '.', '_' or '-'")
     return value
 
 
@@ -105,7 +106,7 @@ def _wait_seconds(request: Request) -> float | None:
     except ValueError:
         seconds = -1
     if not 0 <= seconds <= 600:
-        raise UploadRejected(f"'wait' must be a number of seconds between 0 and 600, got {text!r}")
+        raise InvalidInput(f"'wait' must be a number of seconds between 0 and 600, got {text!r}")
     return seconds
 
 
@@ -147,13 +148,12 @@ class AliasDetail(APIView):
         if wait is not None and outcome.alias.served:
             behind = wait_for_fleet(model=name, alias=alias, version=data.validated_data["version"], timeout=wait)
             if behind:
+                message = (
+                    f"{len(behind)} inference worker(s) did not serve version {data.validated_data['version']} "
+                    f"within {wait:g} s; the alias has moved"
+                )
                 return Response(
-                    {
-                        "error": f"{len(behind)} inference worker(s) did not serve version "
-                        f"{data.validated_data['version']} within {wait:g} s; the alias has moved",
-                        "detail": {"alias": body, "laggards": behind},
-                    },
-                    status=status.HTTP_504_GATEWAY_TIMEOUT,
+                    error_body(message, {"alias": body, "laggards": behind}), status=status.HTTP_504_GATEWAY_TIMEOUT
                 )
         return Response(body)
 
@@ -201,7 +201,7 @@ class AliasHistory(APIView):
         except ValueError:  # well-formed but impossible, such as 2026-02-30
             at = None
         if at is None or at.tzinfo is None:
-            raise UploadRejected(
+            raise InvalidInput(
                 f"'at' must be an ISO 8601 time with a timezone, e.g. 2026-01-31T12:00:00Z; got {at_text!r}"
             )
         move = selectors.alias_move_at(alias=found, at=at)
@@ -229,10 +229,10 @@ class PromotionList(generics.ListAPIView[PromotionRequest]):
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         state = request.query_params.get("state", "")
         if state and state not in PromotionState.values:
-            raise UploadRejected(f"unknown state '{state}'; states are {', '.join(PromotionState.values)}")
+            raise InvalidInput(f"unknown state '{state}'; states are {', '.join(PromotionState.values)}")
         kind = request.query_params.get("kind", "")
         if kind and kind not in PromotionKind.values:
-            raise UploadRejected(f"unknown kind '{kind}'; kinds are {', '.join(PromotionKind.values)}")
+            raise InvalidInput(f"unknown kind '{kind}'; kinds are {', '.join(PromotionKind.values)}")
         return super().get(request, *args, **kwargs)
 
     def get_queryset(self) -> Any:

@@ -26,7 +26,7 @@ from rest_framework.views import APIView
 from registry.audit import audit_event_list
 from registry.audit_verify import audit_verify
 from registry.auth import has_role
-from registry.errors import ApiError
+from registry.errors import InvalidInput
 from registry.models import AuditEvent, Role
 
 # The largest seq a cursor may name (PositiveBigIntegerField).
@@ -134,9 +134,9 @@ class AuditPagination(CursorPagination):
         try:
             cursor = super().decode_cursor(request)
         except NotFound:
-            raise ApiError(BAD_CURSOR) from None
+            raise InvalidInput(BAD_CURSOR) from None
         if cursor is not None and cursor.position is not None and not _is_seq(cursor.position):
-            raise ApiError(BAD_CURSOR)
+            raise InvalidInput(BAD_CURSOR)
         return cursor
 
 

@@ -4,8 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from registry.api.parsers import JSONDocumentField
-from registry.models import NAME_PATTERN, ModelFile, ModelVersion, RegisteredModel
+from registry.models import NAME_PATTERN, ModelFile, ModelVersion, RegisteredModel, ServingStrategy
 
 
 class ModelSerializer(serializers.ModelSerializer[RegisteredModel]):
@@ -50,7 +49,7 @@ class ModelCreateInput(serializers.Serializer[Any]):
 class ModelUpdateInput(serializers.Serializer[Any]):
     description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
     tags = TagsField(required=False)
-    serving_strategy = serializers.ChoiceField(choices=["blue-green", "replace"], required=False)
+    serving_strategy = serializers.ChoiceField(choices=ServingStrategy.values, required=False)
     max_batch_size = serializers.IntegerField(min_value=1, max_value=4096, required=False)
     max_queue_delay_us = serializers.IntegerField(min_value=0, max_value=10_000_000, required=False)
     max_queue_size = serializers.IntegerField(min_value=1, max_value=1_000_000, required=False)
@@ -89,13 +88,3 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
             "validated_at",
         ]
         read_only_fields = fields
-
-
-class VersionUploadInput(serializers.Serializer[Any]):
-    description = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)
-    metadata = JSONDocumentField(required=False, default=dict)
-
-    def validate_metadata(self, value: Any) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise serializers.ValidationError("metadata must be a JSON object")
-        return value

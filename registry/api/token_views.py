@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 
 from registry import selectors, services
 from registry.audit import actor_from_request
-from registry.errors import Forbidden, NotFound
+from registry.errors import NotFound, PermissionDenied
 from registry.models import ApiToken
 
 MAX_EXPIRES_DAYS = 3650
@@ -61,7 +61,7 @@ class TokenListCreate(generics.ListAPIView[ApiToken]):
     def post(self, request: Request) -> Response:
         if request.auth is not None:
             # Otherwise one leaked token could mint others that outlive its revocation.
-            raise Forbidden(
+            raise PermissionDenied(
                 "an API token cannot create tokens: sign in with your password, or run `modelyard createtoken`"
             )
         data = TokenCreateInput(data=request.data)

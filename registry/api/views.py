@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from django.conf import settings
@@ -17,19 +16,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry import selectors, services
-from registry.api.serializers import (
-    ModelCreateInput,
-    ModelSerializer,
-    ModelUpdateInput,
-    VersionSerializer,
-    VersionUploadInput,
-)
+from registry.api.multipart import MultipartUpload
+from registry.api.serializers import ModelCreateInput, ModelSerializer, ModelUpdateInput, VersionSerializer
 from registry.audit import actor_from_request
-from registry.errors import PayloadTooLarge, UploadRejected
+from registry.errors import InvalidInput, PayloadTooLarge
 from registry.models import ModelVersion, RegisteredModel
-from registry.uploads import ArtifactUploadHandler, StoredUpload
-from registry.work import upload_key_prefix
-from storage import StorageError, get_storage
+from registry.uploads import version_upload
+from storage import get_storage
 
 
 class ModelListCreate(generics.ListAPIView[RegisteredModel]):
@@ -95,55 +88,15 @@ class VersionListUpload(generics.ListAPIView[ModelVersion]):
     def post(self, request: Request, name: str) -> Response:
         model = get_object_or_404(RegisteredModel, name=name)
         if not request.content_type.startswith("multipart/form-data"):
-            raise UploadRejected("send the files as multipart/form-data with one 'file' part per file")
+            raise InvalidInput("send the files as multipart/form-data with one 'file' part per file")
         length = int(request.META.get("CONTENT_LENGTH") or 0)
         if length > settings.MAX_UPLOAD_BYTES:
             raise PayloadTooLarge(f"the upload is larger than the limit of {settings.MAX_UPLOAD_BYTES} bytes")
-        handler = ArtifactUploadHandler(
-            request, key_prefix=upload_key_prefix(model.name, uuid.uuid4().hex), max_bytes=settings.MAX_UPLOAD_BYTES
-        )
-        request._request.upload_handlers = [handler]
-        try:
-            version = self._create_version(request, model)
-        except BaseException:
-            # Nothing was committed: version_create either raised before its commit or was never
-            # reached (queueing after the commit never raises). The written objects are no one's.
-            handler.abort()
-            _delete_quietly(handler.written_keys)
-            raise
+        with MultipartUpload(request) as body:
+            version = version_upload(model=model, source=body, actor=actor_from_request(request))
         # From here on the version exists: its files stay, and the answer is 201 whatever happens.
         version.refresh_from_db()  # in-process validation may already have finished
         return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED)
-
-    def _create_version(self, request: Request, model: RegisteredModel) -> ModelVersion:
-        uploads: list[StoredUpload] = request.FILES.getlist("file")
-        if not uploads:
-            raise UploadRejected("no files: send the .onnx model as a multipart 'file' part")
-        first = uploads[0]
-        assert first.sniff is not None  # the handler sniffs the first part
-        from registry.validation import runtime_limit_errors
-
-        limit_errors = runtime_limit_errors(first.sniff.ir_version, first.sniff.opsets)
-        if limit_errors:
-            raise UploadRejected(f"'{first.name}': {' '.join(limit_errors)}")
-        fields = VersionUploadInput(data=request.POST)
-        fields.is_valid(raise_exception=True)
-        files = [
-            services.StoredFile(name=u.name or "", storage_key=u.storage_key, sha256=u.sha256, size_bytes=u.size or 0)
-            for u in uploads
-        ]
-        return services.version_create(
-            model=model, files=files, **fields.validated_data, actor=actor_from_request(request)
-        )
-
-
-def _delete_quietly(keys: list[str]) -> None:
-    storage = get_storage()
-    for key in keys:
-        try:
-            storage.delete(key)
-        except StorageError:
-            pass  # the orphan collector removes it later
 
 
 def _get_version(name: str, version: int) -> ModelVersion:

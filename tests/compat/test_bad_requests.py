@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.compat.conftest import V2Server
+from tests.support.v2server import V2Server
 
 ADDER = "/v2/models/adder/infer"
 MULTI = "/v2/models/multi/infer"

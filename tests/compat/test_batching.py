@@ -11,7 +11,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.compat.conftest import V2Server
+from tests.support.v2server import V2Server
 
 CLIENTS = 64
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from inference.app import OUT_OF_MEMORY
-from tests.compat.conftest import V2Server
-from tests.rawhttp import read_response, send_chunked, send_head
+from tests.support.rawhttp import read_response, send_chunked, send_head
+from tests.support.v2server import V2Server
 
 ADDER = "/v2/models/adder/infer"
 FOUR = [1.0, 2.0, 3.0, 4.0]

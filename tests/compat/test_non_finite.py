@@ -15,8 +15,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import triton_to_np_dtype
 
-from tests.compat.conftest import V2Server
-from tests.compat.onnx_compat import DATATYPES
+from tests.support.onnx_compat import DATATYPES
+from tests.support.v2server import V2Server
 
 FLOATS = ["FP16", "FP32", "FP64"]
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.compat.conftest import HOST, Response, V2Server
+from tests.support.v2server import HOST, Response, V2Server
 
 PATH = "/v2/models/gated/infer"
 

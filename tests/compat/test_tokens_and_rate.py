@@ -10,7 +10,7 @@ from typing import Any
 from registry import services
 from registry.audit import SYSTEM
 from registry.models import ApiToken, Role
-from tests.compat.conftest import V2Server
+from tests.support.v2server import V2Server
 
 ADDER = "/v2/models/adder/infer"
 BODY = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}).encode()

@@ -12,8 +12,8 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
-from tests.compat.conftest import V2Server
-from tests.compat.onnx_compat import DATATYPES
+from tests.support.onnx_compat import DATATYPES
+from tests.support.v2server import V2Server
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 
 from inference.batcher import Batcher, Overloaded, RequestTimeout
-from tests.onnx_models import add_model_bytes
+from tests.support.onnx_models import add_model_bytes
 
 
 @pytest.fixture(scope="module")

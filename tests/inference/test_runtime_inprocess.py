@@ -22,22 +22,12 @@ from inference.cache import ArtifactCache, CachedFile, HashMismatch, sha256_of
 from inference.runtime import NotLoaded
 from registry.models import InferenceWorker, RegisteredModel, Role
 from storage import get_storage
-from tests.conftest import make_person
-from tests.inference.conftest import (
-    answered_bias,
-    artifact_path,
-    create_model,
-    eventually,
-    infer_body,
-    promote,
-    reconcile_until,
-    sample,
-    set_alias,
-    set_served,
-    upload_versions,
-)
-from tests.onnx_models import add_model_bytes
-from tests.s3fixtures import closed_port_url
+from tests.support.inference import answered_bias, infer_body, sample
+from tests.support.onnx_models import add_model_bytes
+from tests.support.people import make_person
+from tests.support.polling import eventually, reconcile_until
+from tests.support.registry import artifact_path, create_model, promote, set_alias, set_served, upload_versions
+from tests.support.s3 import closed_port_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

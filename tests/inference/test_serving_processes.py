@@ -29,22 +29,11 @@ import requests
 from django.conf import settings as django_settings
 
 from registry.models import InferenceWorker
-from tests.inference.conftest import (
-    ServeProcess,
-    answered_bias,
-    artifact_path,
-    base_env,
-    create_model,
-    eventually,
-    free_port,
-    infer_body,
-    promote,
-    set_alias,
-    set_served,
-    subprocess_database_url,
-    upload_versions,
-)
-from tests.onnx_models import add_model_bytes
+from tests.support.inference import answered_bias, infer_body
+from tests.support.onnx_models import add_model_bytes
+from tests.support.polling import eventually
+from tests.support.processes import ServeProcess, base_env, free_port, subprocess_database_url
+from tests.support.registry import artifact_path, create_model, promote, set_alias, set_served, upload_versions
 
 INFER = "/v2/models/demo/infer"
 STAGING = "/v2/models/demo/versions/staging/infer"

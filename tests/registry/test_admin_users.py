@@ -11,7 +11,7 @@ from django.test import Client
 
 from registry.audit_verify import audit_verify
 from registry.models import AuditEvent, Role
-from tests.conftest import make_person
+from tests.support.people import make_person
 
 pytestmark = pytest.mark.django_db
 

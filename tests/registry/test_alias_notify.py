@@ -12,7 +12,7 @@ from django.db import connection
 from registry import notify, promotions
 from registry.audit import Actor
 from registry.models import Alias, AliasMove, RegisteredModel
-from tests.onnx_models import add_model_bytes
+from tests.support.onnx_models import add_model_bytes
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -6,8 +6,8 @@ import pytest
 from django.utils import timezone
 
 from registry.models import Alias, AliasMove, AuditEvent, ModelVersion, PromotionRequest, VersionStatus
-from tests.conftest import make_person
-from tests.onnx_models import add_model_bytes, multi_io_model
+from tests.support.onnx_models import add_model_bytes, multi_io_model
+from tests.support.people import make_person
 
 pytestmark = pytest.mark.django_db
 

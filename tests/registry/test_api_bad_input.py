@@ -12,8 +12,8 @@ import pytest
 from django.test import Client
 
 from registry.models import ModelVersion, RegisteredModel, Role
-from tests.conftest import Person, make_person
-from tests.onnx_models import add_model_bytes
+from tests.support.onnx_models import add_model_bytes
+from tests.support.people import Person, make_person
 
 pytestmark = pytest.mark.django_db
 

@@ -16,8 +16,8 @@ from django.test.utils import CaptureQueriesContext
 
 from registry.api.audit_views import StreamingExportResponse, _csv_cell
 from registry.models import AuditEvent, Role
-from tests.conftest import make_person
-from tests.registry.audit_factory import append_bulk_events
+from tests.support.audit_factory import append_bulk_events
+from tests.support.people import make_person
 
 pytestmark = pytest.mark.django_db
 

@@ -17,7 +17,7 @@ from django.db import DatabaseError, connection, transaction
 from registry.audit import SYSTEM, audit_record
 from registry.audit_verify import VerifyResult, audit_verify
 from registry.models import AuditChainHead, AuditEvent
-from tests.registry.audit_factory import append_bulk_events
+from tests.support.audit_factory import append_bulk_events
 
 pytestmark = pytest.mark.django_db
 

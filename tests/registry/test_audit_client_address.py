@@ -22,9 +22,9 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 
 from modelyard.env import env_networks
+from modelyard.processes import kill_group
 from registry.clients import client_address, request_id
 from registry.models import AuditEvent
-from tests.processes import kill_group
 
 pytestmark = pytest.mark.django_db
 

@@ -7,10 +7,11 @@ import tracemalloc
 import pytest
 
 from registry.models import AuditEvent, Role
-from tests.conftest import make_person
-from tests.registry.audit_factory import append_bulk_events
+from tests.support.audit_factory import append_bulk_events
+from tests.support.people import make_person
 
-pytestmark = pytest.mark.django_db
+# Slow (about a minute on a busy machine): run by `make test` as its own step, `pytest -m slow`.
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 EVENTS = 100_000
 # Streaming holds one chunk of 2,000 rows at a time and peaks near 10 MB. The bound is below the

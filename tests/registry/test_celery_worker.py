@@ -24,11 +24,17 @@ import pytest
 from django.conf import settings as django_settings
 from django.utils import timezone
 
-from registry import services, tasks
+from modelyard.processes import kill_group
+from registry import tasks
 from registry.models import AuditEvent, ModelVersion, VersionStatus
 from storage import get_storage
-from tests.onnx_models import add_model_bytes, endless_loop_model, external_data_model, slow_model, unknown_op_model
-from tests.processes import kill_group
+from tests.support.onnx_models import (
+    add_model_bytes,
+    endless_loop_model,
+    external_data_model,
+    slow_model,
+    unknown_op_model,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -254,7 +260,7 @@ def test_validation_survives_a_worker_killed_mid_task(owner, registered, start_w
 
 
 def test_a_task_delivered_twice_validates_once(owner, registered, monkeypatch):
-    monkeypatch.setattr(services, "_enqueue_validation", lambda version_id: None)
+    monkeypatch.setattr(tasks, "validation_enqueue", lambda version_id: None)
     version = upload(owner, registered, "model.onnx", add_model_bytes())
     assert version.status == VersionStatus.PENDING
 
@@ -270,8 +276,8 @@ def test_a_task_delivered_twice_validates_once(owner, registered, monkeypatch):
 
 def test_requeue_stuck_picks_lost_validations_only(owner, registered, monkeypatch, settings):
     queued: list[int] = []
-    monkeypatch.setattr(services, "_enqueue_validation", queued.append)
-    monkeypatch.setattr(services, "_requeue_validation", queued.append)
+    monkeypatch.setattr(tasks, "validation_enqueue", queued.append)
+    monkeypatch.setattr(tasks, "validation_requeue", queued.append)
     settings.VALIDATION_STALE_SECONDS = STALE_SECONDS
     now = timezone.now()
     long_ago = now - timedelta(minutes=30)
@@ -291,7 +297,7 @@ def test_requeue_stuck_picks_lost_validations_only(owner, registered, monkeypatc
     make(VersionStatus.FAILED, created_at=long_ago)
     queued.clear()
 
-    requeued = services.version_requeue_stuck(pending_older_than=timedelta(minutes=5))
+    requeued = tasks.sweep_stuck_versions()
 
     assert sorted(requeued) == sorted([stale_validating.pk, old_pending.pk])
     assert sorted(queued) == sorted(requeued)
@@ -309,8 +315,8 @@ def test_a_version_whose_attempts_are_spent_ends_failed_instead_of_being_claimed
     owner, registered, monkeypatch, settings
 ):
     requeued: list[int] = []
-    monkeypatch.setattr(services, "_enqueue_validation", lambda version_id: None)
-    monkeypatch.setattr(services, "_requeue_validation", requeued.append)
+    monkeypatch.setattr(tasks, "validation_enqueue", lambda version_id: None)
+    monkeypatch.setattr(tasks, "validation_requeue", requeued.append)
     settings.VALIDATION_STALE_SECONDS = STALE_SECONDS
     version = upload(owner, registered, "model.onnx", add_model_bytes())
     # Every delivery so far claimed it and then lost its worker (a poison model, say, that got the
@@ -320,7 +326,7 @@ def test_a_version_whose_attempts_are_spent_ends_failed_instead_of_being_claimed
         validation_attempts=tasks.MAX_VALIDATION_ATTEMPTS,
         validation_heartbeat_at=timezone.now() - timedelta(seconds=10),
     )
-    assert services.version_requeue_stuck(pending_older_than=timedelta(minutes=5)) == [version.pk]
+    assert tasks.sweep_stuck_versions() == [version.pk]
 
     assert tasks.validate_version(version.pk) == "skipped"
 
@@ -334,7 +340,7 @@ def test_a_version_whose_attempts_are_spent_ends_failed_instead_of_being_claimed
     [event] = validate_events(version)
     assert event.after == {"status": "failed", "errors": version.errors}
     requeued.clear()
-    assert services.version_requeue_stuck(pending_older_than=timedelta(minutes=0)) == []
+    assert tasks.sweep_stuck_versions(pending_older_than_seconds=0) == []
     assert tasks.validate_version(version.pk) == "skipped"
     assert len(validate_events(version)) == 1
 
@@ -363,7 +369,7 @@ def _nul_location_files(folder: Path) -> list[tuple[str, bytes]]:
 def test_a_hostile_model_fails_on_its_first_delivery_and_is_not_retried(
     owner, registered, monkeypatch, settings, tmp_path, files, error
 ):
-    monkeypatch.setattr(services, "_enqueue_validation", lambda version_id: None)
+    monkeypatch.setattr(tasks, "validation_enqueue", lambda version_id: None)
     settings.VALIDATION_TIMEOUT_SECONDS = 2
     response = owner.upload(registered, files(tmp_path / "m"))
     assert response.status_code == 201, response.content

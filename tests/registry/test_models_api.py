@@ -110,7 +110,7 @@ def test_unknown_model_is_404_json(outsider, db):
 
 
 def test_versions_list_paginates(owner, registered):
-    from tests.onnx_models import add_model_bytes
+    from tests.support.onnx_models import add_model_bytes
 
     for bias in (1.0, 2.0, 3.0):
         owner.upload(registered, [("m.onnx", add_model_bytes(bias=bias))])

@@ -12,7 +12,7 @@ from django.test import Client
 
 from registry.models import ApiToken, AuditEvent, AuthFailureWindow
 from registry.throttling import RateLimited, TokenRateThrottle
-from tests.conftest import make_person
+from tests.support.people import make_person
 
 pytestmark = pytest.mark.django_db
 

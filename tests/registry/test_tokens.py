@@ -11,6 +11,8 @@ import pytest
 
 from registry import services
 from registry.audit import SYSTEM
+from registry.auth import bearer_token
+from registry.errors import InvalidInput, NotFound
 from registry.models import ApiToken, AuditEvent
 
 pytestmark = pytest.mark.django_db
@@ -41,10 +43,26 @@ def test_tampered_secret_is_refused(client):
 
 
 def test_unknown_role_and_missing_user_are_refused():
-    with pytest.raises(ValueError, match="unknown role"):
+    with pytest.raises(InvalidInput, match="unknown role"):
         services.token_create(username="ann", create_user=True, roles=["wizard"], actor=SYSTEM)
-    with pytest.raises(ValueError, match="no user named 'bob'"):
+    with pytest.raises(NotFound, match="no user named 'bob'"):
         services.token_create(username="bob", actor=SYSTEM)
+
+
+@pytest.mark.parametrize(
+    ("header", "token"),
+    [
+        ("Bearer my_abc_secret", "my_abc_secret"),
+        ("bearer   my_abc_secret  ", "my_abc_secret"),
+        ("BEARER my_abc_secret", "my_abc_secret"),
+        ("Bearer", ""),  # the scheme with no token: refused as a bad token, not ignored
+        ("Basic dXNlcjpwYXNz", None),
+        ("", None),
+        ("Token my_abc_secret", None),
+    ],
+)
+def test_one_parser_reads_the_bearer_header(header, token):
+    assert bearer_token(header) == token
 
 
 def test_createtoken_command_prints_token_as_last_line(tmp_path):
@@ -67,7 +85,9 @@ def test_createtoken_command_prints_token_as_last_line(tmp_path):
         timeout=120,
     )
     assert refused.returncode == 2
-    assert "no user named 'dave'" in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "modelyard createtoken: no user named 'dave' (pass --create-user to create it)"
+    )
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -13,8 +13,9 @@ from django.utils import timezone
 
 from registry import services
 from registry.audit import SYSTEM
+from registry.errors import InvalidInput
 from registry.models import ApiToken, AuditEvent
-from tests.conftest import make_person
+from tests.support.people import make_person
 
 pytestmark = pytest.mark.django_db
 
@@ -175,6 +176,6 @@ def test_expired_token_with_a_wrong_secret_gets_the_generic_message(client):
 
 
 def test_token_lifetime_must_be_positive():
-    with pytest.raises(ValueError, match="a token's lifetime must be positive"):
+    with pytest.raises(InvalidInput, match="a token's lifetime must be positive"):
         services.token_create(username="ann", create_user=True, expires_in=timedelta(0), actor=SYSTEM)
     assert not ApiToken.objects.exists()

@@ -9,8 +9,9 @@ from django.test import Client
 from django.utils import timezone
 
 from registry.models import Alias, AuditEvent, InferenceWorker, PromotionRequest, Role
-from tests.registry.audit_factory import append_bulk_events
-from tests.ui_data import login_person, pending_promotion
+from tests.support.audit_factory import append_bulk_events
+from tests.support.people import login_person
+from tests.support.registry import pending_promotion
 
 pytestmark = pytest.mark.django_db
 

@@ -6,7 +6,7 @@ import pytest
 
 from registry.models import ModelVersion
 from storage import get_storage
-from tests.onnx_models import add_model_bytes
+from tests.support.onnx_models import add_model_bytes
 
 pytestmark = pytest.mark.django_db
 
@@ -20,6 +20,7 @@ def test_too_many_files_is_a_json_400_naming_the_limit(owner, registered, settin
         "error": "too many files: an upload may have at most 3 (MODELYARD_MAX_UPLOAD_FILES)",
         "detail": {"limit": 3},
     }
+    assert response["Connection"] == "close"  # the rest of the body is never read
     assert not ModelVersion.objects.exists()
     assert list(get_storage().list("")) == []  # the files streamed before the refusal are deleted
 
@@ -32,6 +33,7 @@ def test_form_fields_over_the_limit_are_a_json_413_naming_the_limit(owner, regis
         "error": "the form fields are larger than the limit of 1024 bytes (MODELYARD_MAX_FORM_BYTES)",
         "detail": {"limit": 1024},
     }
+    assert response["Connection"] == "close"
     assert not ModelVersion.objects.exists()
     assert list(get_storage().list("")) == []
 

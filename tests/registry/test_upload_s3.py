@@ -12,8 +12,8 @@ import pytest
 from registry.models import ModelFile, ModelVersion, RegisteredModel
 from registry.tasks import collect_orphaned_artifacts
 from storage import get_storage
-from tests.onnx_models import add_model_bytes, external_data_model
-from tests.s3fixtures import bucket_objects, closed_port_url
+from tests.support.onnx_models import add_model_bytes, external_data_model
+from tests.support.s3 import bucket_objects, closed_port_url
 
 pytestmark = pytest.mark.django_db
 
@@ -150,7 +150,7 @@ def test_orphans_younger_than_the_grace_period_are_kept(owner, registered, any_s
 def test_chunk_pipe_reads_return_the_exact_bytes_in_order(read_size):
     import threading
 
-    from registry.uploads import ChunkPipe
+    from registry.api.multipart import ChunkPipe
 
     pieces = [bytes([i]) * (997 + 13 * i) for i in range(40)]
     pipe = ChunkPipe()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from registry.models import AuditEvent, ModelVersion
-from tests.onnx_models import external_data_model, unknown_op_model, unrunnable_model
+from tests.support.onnx_models import external_data_model, unknown_op_model, unrunnable_model
 
 pytestmark = pytest.mark.django_db
 

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 from registry.models import AuditEvent, ModelVersion, VersionStatus
 from registry.validation_process import validate_in_child
 from storage import get_storage
-from tests.onnx_models import (
+from tests.support.onnx_models import (
     add_model_bytes,
     allocation_model,
     endless_loop_model,

@@ -8,13 +8,10 @@ import pytest
 
 from registry.models import AuditEvent, ModelFile, ModelVersion
 from storage import get_storage
-from tests.onnx_models import add_model_bytes
+from tests.support.onnx_models import add_model_bytes
+from tests.support.uploads import stored_keys
 
 pytestmark = pytest.mark.django_db
-
-
-def stored_keys() -> list[str]:
-    return [item.key for item in get_storage().list("")]
 
 
 def test_upload_stores_bytes_and_ends_ready_with_signature(owner, registered):
@@ -166,3 +163,41 @@ def test_opset_newer_than_runtime_is_refused_outright(owner, registered):
         in response.json()["error"]
     )
     assert ModelVersion.objects.count() == 0
+
+
+def test_a_file_part_not_named_file_is_refused_and_leaves_nothing(owner, registered):
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    response = owner.client.post(
+        f"/api/v1/models/{registered}/versions",
+        {"file": SimpleUploadedFile("model.onnx", add_model_bytes()), "weights": SimpleUploadedFile("w.bin", b"w")},
+        HTTP_AUTHORIZATION=f"Bearer {owner.token}",
+    )
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": "unexpected file field 'weights'; send every file as a 'file' part",
+        "detail": None,
+    }
+    assert ModelVersion.objects.count() == 0
+    assert stored_keys() == []
+
+
+def test_a_multipart_body_without_a_boundary_is_400(owner, registered):
+    response = owner.client.post(
+        f"/api/v1/models/{registered}/versions",
+        b"--x\r\n",
+        content_type="multipart/form-data",
+        HTTP_AUTHORIZATION=f"Bearer {owner.token}",
+    )
+    assert response.status_code == 400
+    assert response.json()["error"] == "Multipart form parse error - Invalid boundary in multipart: None"
+    assert ModelVersion.objects.count() == 0
+
+
+def test_no_upload_thread_outlives_its_request(owner, registered):
+    import threading
+
+    refused = owner.upload(registered, [("model.onnx", b"not onnx"), ("extra.bin", b"x" * 100_000)])
+    accepted = owner.upload(registered, [("model.onnx", add_model_bytes()), ("extra.bin", b"x" * 100_000)])
+    assert (refused.status_code, accepted.status_code) == (400, 201)
+    assert [t.name for t in threading.enumerate() if t.name.startswith("upload-")] == []

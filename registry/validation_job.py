@@ -1,4 +1,8 @@
-"""Long-running work done outside any transaction: fetching artifacts, validating, collecting garbage."""
+"""One validation of a stored version: fetch its files, validate them in a child process, keep the claim alive.
+
+The ``validate_version`` task (``registry/tasks.py``) claims the version, calls
+:func:`validate_stored_version`, and records what it returns.
+"""
 
 from __future__ import annotations
 
@@ -7,28 +11,19 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connection
-from django.utils import timezone
+from django.db import DatabaseError, connection
 
 from registry import services
-from registry.models import FileRole, ModelFile, ModelVersion
+from registry.models import FileRole, ModelVersion
 from registry.validation import ValidationResult, printable
 from registry.validation_process import validate_in_child
 from storage import ObjectNotFound, StorageUnavailable, get_storage
 from storage.base import copy_stream
 
 logger = logging.getLogger(__name__)
-
-ARTIFACT_ROOT = "artifacts"
-
-
-def upload_key_prefix(model_name: str, upload_id: str) -> str:
-    """Where an upload's files go; the random ``upload_id`` means no later upload can overwrite them."""
-    return f"{ARTIFACT_ROOT}/{model_name}/{upload_id}"
 
 
 @contextmanager
@@ -98,30 +93,3 @@ def _validate_stored_version(version: ModelVersion) -> ValidationResult:
             timeout_seconds=settings.VALIDATION_TIMEOUT_SECONDS,
             memory_mb=settings.VALIDATION_MEMORY_MB,
         )
-
-
-def collect_orphans(*, grace: timedelta) -> list[str]:
-    storage = get_storage()
-    cutoff = timezone.now() - grace
-    deleted: list[str] = []
-    batch: list[str] = []
-
-    def flush() -> None:
-        referenced = set(ModelFile.objects.filter(storage_key__in=batch).values_list("storage_key", flat=True))
-        for key in batch:
-            if key not in referenced:
-                storage.delete(key)
-                deleted.append(key)
-        batch.clear()
-
-    for item in storage.list(f"{ARTIFACT_ROOT}/"):
-        if item.last_modified < cutoff:
-            batch.append(item.key)
-        if len(batch) >= 500:
-            flush()
-    if batch:
-        flush()
-    close_old_connections()
-    if deleted:
-        logger.info("deleted %d orphaned artifact objects", len(deleted))
-    return deleted

@@ -1,0 +1,28 @@
+"""Stopping a child process together with everything it started.
+
+Validation runs its sandboxed child in a process group of its own (``registry/validation_process.py``),
+and the tests and ``bench/`` start servers and workers the same way; all of them stop those groups
+here. It lives in the installed package, which both the tests and the benchmark scripts import,
+and it imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from typing import Any
+
+
+def kill_group(process: subprocess.Popen[Any], *, timeout: float | None = None) -> None:
+    """SIGKILL the process's whole group (it was started with ``start_new_session=True``) and reap it.
+
+    No warm shutdown: nothing the group started survives, and nothing it would do on the way out
+    (acknowledge a task, say) happens. ``timeout`` bounds the wait for the leader to be reaped.
+    """
+    if process.poll() is None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    process.wait(timeout=timeout)

@@ -1,0 +1,200 @@
+"""A streamed multipart upload request as an :class:`~registry.uploads.UploadSource` for ``version_upload``.
+
+Django parses a multipart body by pushing it, chunk by chunk, into upload handlers; the upload
+service pulls each file as a readable stream. This adapter joins the two without holding a file
+anywhere: Django's parser runs in a helper thread, and its handler pushes each file part through a
+bounded :class:`ChunkPipe` that the service reads on the request's own thread (where its database
+work belongs). Receiving from the client and writing to storage overlap, and memory stays bounded
+by the pipe and boto3's part buffers; one file is in flight at a time.
+
+A failure on either side stops the other. If the body cannot be parsed (too large, too many
+files or fields, a client that stalls or leaves), that error is the answer. If the service
+refuses a file, the parser stops and the rest of the body is never read (the connection closes).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any, BinaryIO, cast
+
+from django.core.files.uploadhandler import FileUploadHandler
+from django.http.multipartparser import MultiPartParserError
+
+from registry.errors import InvalidInput
+from registry.uploads import UploadFields
+
+PIPE_CHUNK = 1024 * 1024
+PIPE_DEPTH = 8  # chunks waiting between the parser and the storage write
+POLL_SECONDS = 0.5  # how often a blocked side checks whether the other gave up
+
+
+class _Aborted(Exception):
+    """The other side of the pipe gave up; its own error is the one reported."""
+
+
+class ChunkPipe:
+    """A bounded, blocking byte pipe: the parser thread writes chunks, the storage write reads them."""
+
+    def __init__(self, aborted: threading.Event | None = None) -> None:
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=PIPE_DEPTH)
+        self._pending = b""
+        self._eof = False
+        self._aborted = aborted or threading.Event()
+        self.done = threading.Event()  # the reader has all of it, or has moved on
+
+    def put(self, data: bytes | None) -> None:
+        """Queue a chunk (None marks the end), blocking while the reader is behind."""
+        while not self._aborted.is_set():
+            try:
+                self._queue.put(data, timeout=POLL_SECONDS)
+                return
+            except queue.Full:
+                continue
+        raise _Aborted("upload aborted")
+
+    def close(self) -> None:
+        self.put(None)
+
+    def abort(self) -> None:
+        self._aborted.set()
+
+    def wait_done(self) -> None:
+        while not self.done.wait(POLL_SECONDS):
+            if self._aborted.is_set():
+                raise _Aborted("upload aborted")
+
+    def read(self, n: int = -1) -> bytes:
+        parts = [self._pending] if self._pending else []
+        have = len(self._pending)
+        self._pending = b""
+        while not self._eof and (n < 0 or have < n):
+            if self._aborted.is_set():
+                raise _Aborted("upload aborted")
+            try:
+                item = self._queue.get(timeout=POLL_SECONDS)
+            except queue.Empty:
+                continue
+            if item is None:
+                self._eof = True
+                self.done.set()
+                break
+            parts.append(item)
+            have += len(item)
+        if 0 <= n < have:
+            # Split only the last piece, so reading a whole S3 part makes one copy of it, not two.
+            last = parts[-1]
+            cut = len(last) - (have - n)
+            parts[-1], self._pending = last[:cut], last[cut:]
+        return b"".join(parts)
+
+    def readable(self) -> bool:
+        return True
+
+
+class _PartHandler(FileUploadHandler):
+    """Django's side: every ``file`` part becomes a pipe, offered to the service as it starts."""
+
+    chunk_size = PIPE_CHUNK
+
+    def __init__(self, request: Any, upload: MultipartUpload) -> None:
+        super().__init__(request)
+        self._upload = upload
+        self._pipe: ChunkPipe | None = None
+
+    def new_file(self, field_name: str, file_name: str, content_type: str, *args: Any, **kwargs: Any) -> None:
+        super().new_file(field_name, file_name, content_type, *args, **kwargs)
+        if field_name != "file":
+            raise InvalidInput(f"unexpected file field '{field_name}'; send every file as a 'file' part")
+        self._pipe = self._upload._offer(file_name)
+
+    def receive_data_chunk(self, raw_data: bytes, start: int) -> None:
+        assert self._pipe is not None
+        self._pipe.put(raw_data)
+
+    def file_complete(self, file_size: int) -> None:
+        assert self._pipe is not None
+        pipe, self._pipe = self._pipe, None
+        pipe.close()
+        pipe.wait_done()  # one file in flight: the next part is not read until this one is stored
+
+    def upload_interrupted(self) -> None:
+        """Nothing to clean up here: the service deletes what it wrote."""
+
+
+class MultipartUpload:
+    """The upload in one request's multipart body; use as a context manager around ``version_upload``.
+
+    ``request`` is a DRF or a Django request whose body has not been read yet; every ``file`` part
+    is a file of the upload, in order, and the ``description`` and ``metadata`` fields its text.
+    """
+
+    def __init__(self, request: Any) -> None:
+        self._request = request
+        self._aborted = threading.Event()
+        self._parts: queue.SimpleQueue[tuple[str, ChunkPipe] | None] = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        # Named upload-*, as the storage writers it replaces were: tests check that none outlives its request.
+        self._thread = threading.Thread(target=self._parse, name=f"upload-{request.path}", daemon=True)
+        django_request = getattr(request, "_request", request)
+        django_request.upload_handlers = [_PartHandler(django_request, self)]
+
+    def __enter__(self) -> MultipartUpload:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        if exc is not None:
+            self._aborted.set()  # the parser stops at its next chunk
+        self._join()
+        if exc is not None and self._error is not None and self._error is not exc:
+            # The body could not be read (too large, a client that stalled or left): that is the answer,
+            # not what the storage write made of the pipe it was reading from.
+            raise self._error from None
+
+    def files(self) -> Iterator[tuple[str, BinaryIO]]:
+        self._thread.start()
+        while (part := self._parts.get()) is not None:
+            name, pipe = part
+            try:
+                yield name, cast(BinaryIO, pipe)
+            finally:
+                pipe.done.set()  # the service moved on (or stopped): the parser may go on
+        self._join()
+        if self._error is not None:
+            raise self._error
+
+    def fields(self) -> UploadFields:
+        self._join()
+        if self._error is not None:
+            raise self._error
+        post = self._request.POST  # parsed already, by the thread
+        return UploadFields(description=post.get("description", ""), metadata=post.get("metadata"))
+
+    def _offer(self, name: str) -> ChunkPipe:
+        pipe = ChunkPipe(self._aborted)
+        self._parts.put((name, pipe))
+        return pipe
+
+    def _parse(self) -> None:
+        try:
+            self._request.POST  # noqa: B018 - reading it parses the body through _PartHandler
+        except _Aborted:
+            pass  # the service stopped reading; its own error is the answer
+        except MultiPartParserError as exc:  # DRF's wording, for a Django request
+            self._fail(InvalidInput(f"Multipart form parse error - {exc}"))
+        except BaseException as exc:  # noqa: BLE001 - handed to the request thread
+            self._fail(exc)
+        finally:
+            self._parts.put(None)
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._aborted.set()  # a storage write reading a pipe stops
+
+    def _join(self) -> None:
+        if self._thread.ident is not None:
+            self._thread.join()

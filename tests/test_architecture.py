@@ -1,0 +1,190 @@
+"""The shape of the code, checked from its source with ``ast``: no import cycle, one front door for versions.
+
+The graph has an edge for every import a module can execute, at module level or inside a function
+(a function-level import hides a cycle from Python, not from the design). Imports under
+``if TYPE_CHECKING:`` never run and are left out.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("modelyard", "registry", "storage", "inference")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {_module_name(path): path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement, at any depth, except those only a type checker runs."""
+    found: list[ast.Import | ast.ImportFrom] = []
+    pending: list[ast.AST] = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            pending.extend(node.orelse)
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            found.append(node)
+        pending.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the project modules it imports."""
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets.update(filter(None, (resolve(alias.name) for alias in node.names)))
+                continue
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            for alias in node.names:
+                # `from pkg import sub` imports the module pkg.sub; `from pkg import name` runs pkg/__init__.
+                target = f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else resolve(base)
+                if target:
+                    targets.add(target)
+        graph[name] = targets - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path that starts and ends at the same module, or None."""
+    state: dict[str, str] = {}  # "open" while on the current path, "done" once fully explored
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = "open"
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == "open":
+                return [*path[path.index(target) :], target]
+            if target not in state and (cycle := visit(target)):
+                return cycle
+        path.pop()
+        state[module] = "done"
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module)):
+            return cycle
+    return None
+
+
+def test_there_is_no_import_cycle_among_the_project_modules():
+    graph = import_graph(project_modules())
+    assert graph["registry.tasks"] >= {"registry.services"}  # the graph sees the project's own imports
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_a_function_level_cycle(tmp_path):
+    # The check above must be able to fail: a cycle closed by an import inside a function is found.
+    (tmp_path / "a.py").write_text("import b\n")
+    (tmp_path / "b.py").write_text("def later():\n    from a import thing\n")
+    (tmp_path / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a\n")
+    modules = {"a": tmp_path / "a.py", "b": tmp_path / "b.py", "c": tmp_path / "c.py"}
+    graph = import_graph(modules)
+    assert graph == {"a": {"b"}, "b": {"a"}, "c": set()}
+    assert find_cycle(graph) == ["a", "b", "a"]
+
+
+def _references(path: Path, name: str) -> list[int]:
+    """Lines where ``name`` is used as a name, an attribute or an imported name."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (
+            (isinstance(node, ast.Name) and node.id == name)
+            or (isinstance(node, ast.Attribute) and node.attr == name)
+            or (isinstance(node, ast.alias) and name in {node.name, node.asname})
+            or (isinstance(node, ast.FunctionDef) and node.name == name)
+        ):
+            lines.append(getattr(node, "lineno", 0))
+    return lines
+
+
+@pytest.mark.parametrize(
+    ("name", "allowed"),
+    [
+        # The inner transactional step of an upload: only the upload service calls it.
+        ("version_create", {"registry/services.py", "registry/uploads.py"}),
+        # And no row of a version is made anywhere else.
+        ("ModelVersion.objects.create", {"registry/services.py"}),
+    ],
+)
+def test_versions_are_created_only_through_the_upload_service(name, allowed):
+    users = {}
+    for folder in (*PACKAGES, "bench", "tests"):
+        for path in (ROOT / folder).rglob("*.py"):
+            relative = path.relative_to(ROOT).as_posix()
+            if "." in name:
+                found = [i + 1 for i, line in enumerate(path.read_text().splitlines()) if name in line]
+            else:
+                found = _references(path, name)
+            if found and relative != "tests/test_architecture.py":
+                users[relative] = found
+    assert set(users) <= allowed, f"{name} is used outside {sorted(allowed)}: {users}"
+
+
+def test_no_test_module_imports_from_a_conftest():
+    offenders = {}
+    for path in (ROOT / "tests").rglob("*.py"):
+        for node in _imports(ast.parse(path.read_text(), str(path))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            if any(name.split(".")[-1] == "conftest" for name in names):
+                offenders[path.relative_to(ROOT).as_posix()] = node.lineno
+    assert offenders == {}, f"import helpers from tests/support, not from a conftest: {offenders}"
+
+
+def test_domain_errors_know_nothing_of_http():
+    from registry import errors
+    from registry.api.errors import STATUS, status_for
+
+    source = (ROOT / "registry" / "errors.py").read_text()
+    imported = {
+        node.module if isinstance(node, ast.ImportFrom) else alias.name
+        for node in _imports(ast.parse(source))
+        for alias in node.names
+    }
+    assert imported <= {"__future__"}, imported
+    domain = [cls for cls in vars(errors).values() if isinstance(cls, type) and issubclass(cls, errors.RegistryError)]
+    assert len(domain) >= 10
+    assert not [
+        base for cls in domain for base in cls.__mro__ if base.__module__.startswith(("rest_framework", "django"))
+    ]
+    # Every one of them has a status in the API's one table, through itself or a base class.
+    missing = [
+        cls.__name__ for cls in domain if cls is not errors.RegistryError and status_for(cls.__new__(cls)) is None
+    ]
+    assert missing == []
+    assert STATUS[errors.InvalidInput] == 400 and status_for(errors.UnsupportedModel("x")) == 400
