@@ -32,8 +32,9 @@ from inference.sessions import (
     provider_options,
 )
 from registry.models import InferenceWorker
-from tests.inference.conftest import create_model, promote, reconcile_until, upload_versions
-from tests.onnx_models import add_model_bytes
+from tests.support.onnx_models import add_model_bytes
+from tests.support.polling import reconcile_until
+from tests.support.registry import create_model, promote, upload_versions
 
 CPU_WHEEL = f"onnxruntime {dist_version('onnxruntime')}"
 NO_CUDA = (
