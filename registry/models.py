@@ -17,6 +17,10 @@ name_validator = RegexValidator(
 )
 
 
+# The alias every model is created with, served and protected; ``/v2/models/{m}`` alone means it.
+PRODUCTION = "production"
+
+
 class Role(models.TextChoices):
     VIEWER = "viewer"
     MAINTAINER = "maintainer"

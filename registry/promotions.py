@@ -20,6 +20,7 @@ from registry.audit import SYSTEM, Actor, audit_record
 from registry.auth import has_role
 from registry.errors import Conflict, Forbidden, NotFound, UploadRejected
 from registry.models import (
+    PRODUCTION,
     Alias,
     AliasMove,
     ModelVersion,
@@ -31,8 +32,6 @@ from registry.models import (
     VersionStatus,
 )
 from registry.signatures import signature_diff
-
-PRODUCTION = "production"
 
 
 @dataclass(frozen=True)
