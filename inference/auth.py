@@ -16,15 +16,14 @@ from cachetools import LRUCache, TTLCache
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections
 
-from registry.auth import authenticate_token, has_role, split_token
-from registry.models import Role
+from registry.serving import token_may_infer, token_shaped
 
 TTL_SECONDS = 5.0
 
 
 def token_key(raw: str) -> str | None:
     """The cache key of a well-formed token; None for a string that cannot be a Modelyard token."""
-    if split_token(raw) is None:
+    if not token_shaped(raw):
         return None
     return hashlib.sha256(raw.encode()).hexdigest()
 
@@ -59,8 +58,7 @@ class TokenCache:
             return False
         try:
             close_old_connections()
-            token = authenticate_token(raw)
-            allowed = token is not None and has_role(token.user, Role.INFERENCE)
+            allowed = token_may_infer(raw)
         except DatabaseError:
             with self._lock:
                 return self._allowed_before.get(key, False)

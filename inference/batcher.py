@@ -4,6 +4,9 @@ One batch runs on the device while the queue forms the next. A batch closes when
 ``max_batch_size`` or when its oldest request has waited ``max_queue_delay``. Requests carry a
 priority (lower first, 0 = default) and an optional timeout, as in Triton; the queue is bounded
 and a full queue is refused at once. ORT runs in a worker thread, so the event loop never blocks.
+
+A batcher belongs to one loaded version and lives on the event loop of its first request; it is
+closed with its version, from whichever thread releases that.
 """
 
 from __future__ import annotations
@@ -19,16 +22,12 @@ from typing import Any
 
 import numpy as np
 
+from inference.errors import Overloaded, RequestTimeout
+
+__all__ = ["Batcher", "Overloaded", "RequestTimeout", "batch_key"]
+
 DEFAULT_PRIORITY = 10
 Arrays = dict[str, np.ndarray]
-
-
-class Overloaded(Exception):
-    """The queue is full."""
-
-
-class RequestTimeout(Exception):
-    """The request waited past its timeout before it could run."""
 
 
 @dataclass(order=True)
@@ -57,6 +56,7 @@ class Batcher:
         max_queue_delay_us: int,
         max_queue_size: int,
         on_batch: Callable[[int, int], None] | None = None,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
         self._run = run
         self.batching = batching
@@ -64,16 +64,28 @@ class Batcher:
         self.max_delay = max_queue_delay_us / 1e6
         self.max_queue_size = max_queue_size
         self._on_batch = on_batch
+        self._on_close = on_close
         self._queue: list[_Item] = []
         self._seq = itertools.count()
         self._arrived = asyncio.Event()
         self._slot = asyncio.Semaphore(1)  # one batch in flight while the next one forms
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort-run")
         self._runner: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first request
+        self._closed = False
 
     @property
     def queued(self) -> int:
         return len(self._queue)
+
+    @property
+    def started(self) -> bool:
+        """Whether a request ever came (and so the batcher has a loop to close on)."""
+        return self._loop is not None
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def submit(self, feeds: Arrays, *, priority: int = 0, timeout_us: int | None = None) -> asyncio.Future[Arrays]:
         """Queue one request; the future resolves to its outputs. Cancel the future to drop it."""
@@ -83,6 +95,8 @@ class Batcher:
             heapq.heapify(self._queue)
         if len(self._queue) >= self.max_queue_size:
             raise Overloaded(f"the queue is full ({self.max_queue_size} requests)")
+        if self._closed:
+            raise Overloaded("the model was unloaded")
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         first = next(iter(feeds.values()))
@@ -98,10 +112,11 @@ class Batcher:
         heapq.heappush(self._queue, item)
         self._arrived.set()
         if self._runner is None or self._runner.done():
-            self._runner = loop.create_task(self._loop())
+            self._loop = loop
+            self._runner = loop.create_task(self._run_loop())
         return item.future
 
-    async def _loop(self) -> None:
+    async def _run_loop(self) -> None:
         while True:
             while not self._queue:
                 self._arrived.clear()
@@ -207,10 +222,38 @@ class Batcher:
         return results
 
     def close(self) -> None:
+        """Fail what is still queued and stop; safe from any thread (the work happens on the batcher's loop)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():  # never used, or its server has stopped: nothing runs on the loop
+            self._finish()
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._close_now()
+            return
+        try:
+            loop.call_soon_threadsafe(self._close_now)
+        except RuntimeError:  # the loop closed meanwhile
+            self._finish()
+
+    def _close_now(self) -> None:
+        if self._closed:
+            return
         if self._runner is not None:
             self._runner.cancel()
         for item in self._queue:
             if not item.future.done():
                 item.future.set_exception(Overloaded("the model was unloaded"))
+        self._finish()
+
+    def _finish(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._queue.clear()
         self._executor.shutdown(wait=False)
+        if self._on_close is not None:
+            self._on_close()

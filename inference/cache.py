@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from storage import get_storage
 
@@ -25,8 +26,23 @@ class HashMismatch(Exception):
     """A file's bytes do not match the sha256 the registry recorded."""
 
 
+class BundleFile(Protocol):
+    """One file of a bundle: where storage keeps it, and the sha256 the registry recorded (a ``ServedFile``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def storage_key(self) -> str: ...
+    @property
+    def sha256(self) -> str: ...
+    @property
+    def size_bytes(self) -> int: ...
+
+
 @dataclass(frozen=True)
 class CachedFile:
+    """A bundle file named by hand (the cache's own tests, tools); the runtime passes the registry's rows."""
+
     name: str
     storage_key: str
     sha256: str
@@ -50,7 +66,7 @@ class ArtifactCache:
         self._lock = threading.Lock()
         root.mkdir(parents=True, exist_ok=True)
 
-    def bundle(self, sha256: str, files: Iterable[CachedFile]) -> Path:
+    def bundle(self, sha256: str, files: Iterable[BundleFile]) -> Path:
         """Return the bundle folder with every file present and verified, downloading what is missing.
 
         Every file is hashed on every call. A cached copy that no longer matches (a damaged disk, a
@@ -80,7 +96,7 @@ class ArtifactCache:
         os.utime(folder, ns=(now, now))
         return folder
 
-    def _download(self, item: CachedFile, path: Path) -> None:
+    def _download(self, item: BundleFile, path: Path) -> None:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.part")
         try:
             with get_storage().open(item.storage_key) as source, tmp.open("wb") as out:

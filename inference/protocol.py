@@ -2,7 +2,8 @@
 
 Decoding turns a request body into numpy arrays checked against the version's signature;
 encoding turns outputs into a JSON or JSON-plus-binary response. Every problem a client can
-cause raises :class:`ProtocolError` with a 4xx status and a message naming what was wrong.
+cause raises a domain error of ``inference.errors`` (mostly :class:`InvalidInput`) whose message
+names what was wrong.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import json
 import math
 import struct
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from registry.datatypes import NUMPY_OF
+from inference.errors import BodyTooLarge, InvalidInput, UnsupportedEncoding
+from registry.serving import NUMPY_OF
 
 HEADER_LENGTH = "inference-header-content-length"
 MAX_ELEMENTS = 1 << 31
@@ -28,26 +30,17 @@ _NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 PROTOCOL_OF = {np.dtype(v).str: k for k, v in NUMPY_OF.items() if v is not np.object_}
 
 
-class ProtocolError(Exception):
-    """Something the client sent is wrong; ``status`` is the HTTP status to answer with."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
 @dataclass
 class InferRequest:
-    """A decoded request: inputs as arrays, and how the client wants its outputs."""
+    """A decoded request: inputs as arrays, how the client wants its outputs, the signature it was checked against."""
 
     id: str | None
     inputs: dict[str, np.ndarray]
     outputs: list[str]
     binary_outputs: set[str]
+    signature: dict[str, Any]
     priority: int = 0
     timeout_us: int | None = None
-    parameters: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -57,8 +50,8 @@ class BodyLimit:
     bytes: int
     source: str
 
-    def exceeded(self, what: str) -> ProtocolError:
-        return ProtocolError(f"{what} is larger than the limit of {self.bytes} bytes ({self.source})", 413)
+    def exceeded(self, what: str) -> BodyTooLarge:
+        return BodyTooLarge(f"{what} is larger than the limit of {self.bytes} bytes ({self.source})")
 
 
 # A JSON number takes at most ~25 characters ("-2.2250738585072014e-308,"); 64 leaves room for
@@ -111,7 +104,7 @@ class BodyDecoder:
         if encoding == "identity":
             encoding = ""
         if encoding not in ("", "gzip", "deflate"):
-            raise ProtocolError(f"unsupported Content-Encoding '{encoding}'; use gzip or deflate", 415)
+            raise UnsupportedEncoding(f"unsupported Content-Encoding '{encoding}'; use gzip or deflate")
         self.encoding = encoding
         self.limit = limit
         self.received = 0
@@ -141,7 +134,7 @@ class BodyDecoder:
         try:
             while data:
                 if inflater.eof:
-                    raise ProtocolError(f"the {self.encoding} body has data after its end")
+                    raise InvalidInput(f"the {self.encoding} body has data after its end")
                 # Ask for one byte past the room left (getting it means the limit is passed), in steps,
                 # so that no inflated piece as large as the limit is held beside the body.
                 room = self.limit.bytes - len(self.body)
@@ -150,7 +143,7 @@ class BodyDecoder:
                     raise self.limit.exceeded("the decompressed request body")
                 data = inflater.unconsumed_tail or inflater.unused_data
         except zlib.error as exc:
-            raise ProtocolError(f"the {self.encoding} body is corrupt: {exc}") from None
+            raise InvalidInput(f"the {self.encoding} body is corrupt: {exc}") from None
 
     def finish(self) -> bytearray:
         """The whole (decompressed) body, once the last chunk has been fed."""
@@ -158,11 +151,11 @@ class BodyDecoder:
             return self.body
         if self._inflater is None:  # fewer than two bytes of deflate
             if not self._head:
-                raise ProtocolError(f"the {self.encoding} body is empty")
+                raise InvalidInput(f"the {self.encoding} body is empty")
             self._inflater = zlib.decompressobj(-zlib.MAX_WBITS)
             self._inflate(self._head)
         if not self._inflater.eof:
-            raise ProtocolError(f"the {self.encoding} body is truncated")
+            raise InvalidInput(f"the {self.encoding} body is truncated")
         return self.body
 
 
@@ -174,36 +167,36 @@ def split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict
         try:
             length = int(header_length)
         except ValueError:
-            raise ProtocolError(f"Inference-Header-Content-Length must be an integer, got {header_length!r}") from None
+            raise InvalidInput(f"Inference-Header-Content-Length must be an integer, got {header_length!r}") from None
         if length < 0:
-            raise ProtocolError(f"Inference-Header-Content-Length must not be negative, got {length}")
+            raise InvalidInput(f"Inference-Header-Content-Length must not be negative, got {length}")
         if length > len(body):
-            raise ProtocolError(f"Inference-Header-Content-Length is {length} but the body has only {len(body)} bytes")
+            raise InvalidInput(f"Inference-Header-Content-Length is {length} but the body has only {len(body)} bytes")
         json_part, binary = body[:length], memoryview(body)[length:]
     try:
         header = json.loads(json_part)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ProtocolError(f"the request is not valid JSON: {exc}") from exc
+        raise InvalidInput(f"the request is not valid JSON: {exc}") from exc
     except RecursionError:
-        raise ProtocolError("the request JSON is nested too deeply") from None
+        raise InvalidInput("the request JSON is nested too deeply") from None
     if not isinstance(header, dict):
-        raise ProtocolError("the request must be a JSON object")
+        raise InvalidInput("the request must be a JSON object")
     return header, binary
 
 
 def _shape(name: str, shape: Any) -> list[int]:
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
-        raise ProtocolError(f"input '{name}': shape must be a list of integers, got {shape!r}")
+        raise InvalidInput(f"input '{name}': shape must be a list of integers, got {shape!r}")
     if any(d < 0 for d in shape):
-        raise ProtocolError(f"input '{name}': shape {shape} has a negative dimension")
+        raise InvalidInput(f"input '{name}': shape {shape} has a negative dimension")
     if 0 not in shape:
         count = 1
         for d in shape:
             count *= d
             if count > MAX_ELEMENTS:
-                raise ProtocolError(f"input '{name}': shape {shape} has more than {MAX_ELEMENTS} elements")
+                raise InvalidInput(f"input '{name}': shape {shape} has more than {MAX_ELEMENTS} elements")
     if any(d > MAX_ELEMENTS for d in shape):  # even beside a 0, numpy cannot shape an array like that
-        raise ProtocolError(f"input '{name}': shape {shape} has a dimension larger than {MAX_ELEMENTS}")
+        raise InvalidInput(f"input '{name}': shape {shape} has a dimension larger than {MAX_ELEMENTS}")
     return shape
 
 
@@ -212,17 +205,17 @@ def _decode_bytes_elements(name: str, raw: memoryview, count: int) -> np.ndarray
     offset = 0
     while offset < len(raw):
         if len(values) == count:  # stop here: a flood of tiny elements must not be allocated first
-            raise ProtocolError(f"input '{name}': shape needs {count} BYTES elements, got more")
+            raise InvalidInput(f"input '{name}': shape needs {count} BYTES elements, got more")
         if offset + 4 > len(raw):
-            raise ProtocolError(f"input '{name}': BYTES data ends inside an element's 4-byte length")
+            raise InvalidInput(f"input '{name}': BYTES data ends inside an element's 4-byte length")
         (size,) = struct.unpack_from("<I", raw, offset)
         offset += 4
         if offset + size > len(raw):
-            raise ProtocolError(f"input '{name}': BYTES element {len(values)} runs past the end of its data")
+            raise InvalidInput(f"input '{name}': BYTES element {len(values)} runs past the end of its data")
         values.append(bytes(raw[offset : offset + size]))
         offset += size
     if len(values) != count:
-        raise ProtocolError(f"input '{name}': shape needs {count} BYTES elements, got {len(values)}")
+        raise InvalidInput(f"input '{name}': shape needs {count} BYTES elements, got {len(values)}")
     return _string_array(name, values)
 
 
@@ -234,18 +227,18 @@ def _string_array(name: str, values: list[Any]) -> np.ndarray:
             try:
                 value = value.decode("utf-8")
             except UnicodeDecodeError:
-                raise ProtocolError(
+                raise InvalidInput(
                     f"input '{name}': BYTES element {index} is not valid UTF-8, which ONNX Runtime string tensors need"
                 ) from None
         elif not isinstance(value, str):
-            raise ProtocolError(f"input '{name}': BYTES data must be strings, got {type(value).__name__}")
+            raise InvalidInput(f"input '{name}': BYTES data must be strings, got {type(value).__name__}")
         array[index] = value
     return array
 
 
 def _from_json_data(name: str, datatype: str, data: Any, count: int) -> np.ndarray:
     if data is None:
-        raise ProtocolError(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
+        raise InvalidInput(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
     if datatype == "BYTES":
         array = _string_array(name, list(np.asarray(data, dtype=object).reshape(-1)))
     else:
@@ -253,11 +246,11 @@ def _from_json_data(name: str, datatype: str, data: Any, count: int) -> np.ndarr
             with np.errstate(over="ignore"):  # an FP16 overflow (70000 -> inf) is refused below as not finite
                 array = np.asarray(data, dtype=NUMPY_OF[datatype]).reshape(-1)
         except (TypeError, ValueError, OverflowError) as exc:
-            raise ProtocolError(f"input '{name}': data does not fit {datatype}: {exc}") from None
+            raise InvalidInput(f"input '{name}': data does not fit {datatype}: {exc}") from None
         if array.dtype.kind == "f":
             _refuse_non_finite(name, datatype, array)
     if array.size != count:
-        raise ProtocolError(f"input '{name}': shape needs {count} values, got {array.size}")
+        raise InvalidInput(f"input '{name}': shape needs {count} values, got {array.size}")
     return array
 
 
@@ -267,7 +260,7 @@ def _refuse_non_finite(name: str, datatype: str, array: np.ndarray) -> None:
     if not finite.all():
         index = int(np.argmin(finite))
         value = _NON_FINITE[repr(float(array[index]))]
-        raise ProtocolError(
+        raise InvalidInput(
             f"input '{name}': data[{index}] is {value} as {datatype}; JSON input data must be finite numbers "
             "(send NaN and Infinity as binary tensor data)"
         )
@@ -278,7 +271,7 @@ def _parameters(item: dict[str, Any], what: str) -> dict[str, Any]:
     if parameters is None:
         return {}
     if not isinstance(parameters, dict):
-        raise ProtocolError(f"{what}: 'parameters' must be an object, got {parameters!r}")
+        raise InvalidInput(f"{what}: 'parameters' must be an object, got {parameters!r}")
     return parameters
 
 
@@ -287,36 +280,36 @@ def decode_request(body: bytes | bytearray, header_length: str | None, signature
     expected = {spec["name"]: spec for spec in signature.get("inputs", [])}
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise ProtocolError("the request needs a non-empty 'inputs' list")
+        raise InvalidInput("the request needs a non-empty 'inputs' list")
     inputs: dict[str, np.ndarray] = {}
     offset = 0
     for item in raw_inputs:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-            raise ProtocolError(f"each input needs a 'name', got {item!r}")
+            raise InvalidInput(f"each input needs a 'name', got {item!r}")
         name = item["name"]
         spec = expected.get(name)
         if spec is None:
-            raise ProtocolError(f"unknown input '{name}'; the model takes {', '.join(sorted(expected)) or 'none'}")
+            raise InvalidInput(f"unknown input '{name}'; the model takes {', '.join(sorted(expected)) or 'none'}")
         if name in inputs:
-            raise ProtocolError(f"input '{name}' appears twice")
+            raise InvalidInput(f"input '{name}' appears twice")
         datatype = item.get("datatype")
         if not isinstance(datatype, str) or datatype not in NUMPY_OF:
-            raise ProtocolError(f"input '{name}': unknown datatype {datatype!r}")
+            raise InvalidInput(f"input '{name}': unknown datatype {datatype!r}")
         if datatype != spec["datatype"]:
-            raise ProtocolError(f"input '{name}': expected datatype {spec['datatype']}, got {datatype}")
+            raise InvalidInput(f"input '{name}': expected datatype {spec['datatype']}, got {datatype}")
         shape = _shape(name, item.get("shape"))
         want = spec.get("shape")
         if want is not None and (
             len(want) != len(shape) or any(w not in (-1, s) for w, s in zip(want, shape, strict=True))
         ):
-            raise ProtocolError(f"input '{name}': expected shape {want}, got {shape}")
+            raise InvalidInput(f"input '{name}': expected shape {want}, got {shape}")
         count = int(np.prod(shape)) if shape else 1
         size = _parameters(item, f"input '{name}'").get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise ProtocolError(f"input '{name}': binary_data_size must be a non-negative integer")
+                raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer")
             if offset + size > len(binary):
-                raise ProtocolError(
+                raise InvalidInput(
                     f"input '{name}': binary_data_size {size} runs past the end of the body "
                     f"({len(binary) - offset} bytes left)"
                 )
@@ -327,7 +320,7 @@ def decode_request(body: bytes | bytearray, header_length: str | None, signature
             else:
                 dtype = np.dtype(NUMPY_OF[datatype]).newbyteorder("<")
                 if size != count * dtype.itemsize:
-                    raise ProtocolError(
+                    raise InvalidInput(
                         f"input '{name}': shape {shape} of {datatype} needs {count * dtype.itemsize} bytes, "
                         f"got binary_data_size {size}"
                     )
@@ -336,15 +329,15 @@ def decode_request(body: bytes | bytearray, header_length: str | None, signature
             array = _from_json_data(name, datatype, item.get("data"), count)
         inputs[name] = array.reshape(shape)
     if offset != len(binary):
-        raise ProtocolError(f"the body has {len(binary) - offset} bytes of binary data that no input claims")
+        raise InvalidInput(f"the body has {len(binary) - offset} bytes of binary data that no input claims")
     missing = sorted(expected.keys() - inputs.keys())
     if missing:
-        raise ProtocolError(f"missing input(s): {', '.join(missing)}")
+        raise InvalidInput(f"missing input(s): {', '.join(missing)}")
 
     parameters = header.get("parameters")
     parameters = {} if parameters is None else parameters
     if not isinstance(parameters, dict):
-        raise ProtocolError("'parameters' must be an object")
+        raise InvalidInput("'parameters' must be an object")
     names = [spec["name"] for spec in signature.get("outputs", [])]
     requested = header.get("outputs")
     binary_all = bool(parameters.get("binary_data_output", False))
@@ -352,34 +345,34 @@ def decode_request(body: bytes | bytearray, header_length: str | None, signature
         outputs, binary_outputs = names, set(names) if binary_all else set()
     else:
         if not isinstance(requested, list):
-            raise ProtocolError("'outputs' must be a list")
+            raise InvalidInput("'outputs' must be a list")
         outputs, binary_outputs = [], set()
         for item in requested:
             if not isinstance(item, dict) or item.get("name") not in names:
                 name = item.get("name") if isinstance(item, dict) else item
-                raise ProtocolError(f"unknown output {name!r}; the model gives {', '.join(names)}")
+                raise InvalidInput(f"unknown output {name!r}; the model gives {', '.join(names)}")
             outputs.append(item["name"])
             if _parameters(item, f"output '{item['name']}'").get("binary_data", binary_all):
                 binary_outputs.add(item["name"])
     request_id = header.get("id")
     if request_id is not None and (not isinstance(request_id, str | int | float) or isinstance(request_id, bool)):
-        raise ProtocolError(f"'id' must be a string, got {type(request_id).__name__}")
+        raise InvalidInput(f"'id' must be a string, got {type(request_id).__name__}")
     priority = parameters.get("priority", 0)
     timeout = parameters.get("timeout")
     if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= MAX_UINT64:
-        raise ProtocolError(f"parameters.priority must be a non-negative integer, got {priority!r}")
+        raise InvalidInput(f"parameters.priority must be a non-negative integer, got {priority!r}")
     if timeout is not None and (
         not isinstance(timeout, int) or isinstance(timeout, bool) or not 0 <= timeout <= MAX_UINT64
     ):
-        raise ProtocolError(f"parameters.timeout must be a non-negative integer (microseconds), got {timeout!r}")
+        raise InvalidInput(f"parameters.timeout must be a non-negative integer (microseconds), got {timeout!r}")
     return InferRequest(
         id=None if request_id is None else str(request_id),
         inputs=inputs,
         outputs=outputs,
         binary_outputs=binary_outputs,
+        signature=signature,
         priority=priority,
         timeout_us=timeout or None,
-        parameters=parameters,
     )
 
 

@@ -13,7 +13,6 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,8 +22,13 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
-from inference.cache import ArtifactCache, CachedFile
+from inference import metrics
+from inference.batcher import Batcher
+from inference.cache import ArtifactCache
+from inference.protocol import BodyLimit, body_limit
 from inference.sessions import build_session, device_description
+from registry import serving
+from registry.serving import PRODUCTION, DesiredState, LoadedRow, LoadState, VersionSpec
 
 logger = logging.getLogger(__name__)
 
@@ -33,32 +37,18 @@ class NotLoaded(Exception):
     """The version exists in the routing table no more (or not yet); the caller retries or answers 503."""
 
 
-@dataclass(frozen=True)
-class VersionSpec:
-    """What the registry says one served version is."""
-
-    version_id: int
-    model: str
-    version: int
-    sha256: str
-    files: tuple[CachedFile, ...]
-    model_file: str
-    signature: dict[str, Any]
-    strategy: str
-    max_batch_size: int = 32
-    max_queue_delay_us: int = 0
-    max_queue_size: int = 1024
-
-
-@dataclass
-class DesiredState:
-    versions: dict[int, VersionSpec]
-    # model name -> alias name -> version id
-    routes: dict[str, dict[str, int]]
+def can_batch(signature: dict[str, Any]) -> bool:
+    """A model batches when every input and output has a dynamic first dimension."""
+    specs = signature.get("inputs", []) + signature.get("outputs", [])
+    return bool(specs) and all(s.get("shape") and s["shape"][0] == -1 for s in specs)
 
 
 class LoadedVersion:
-    """One loaded ONNX Runtime session, with an in-flight counter so it can be drained before release."""
+    """One loaded ONNX Runtime session with its batcher, and an in-flight counter so it can be drained before release.
+
+    The batcher is made with the version and closed when the version is drained and released, so
+    whatever serves the version (REST or gRPC) shares one queue, and nothing outlives the session.
+    """
 
     def __init__(
         self,
@@ -75,12 +65,23 @@ class LoadedVersion:
         self.load_seconds = load_seconds
         self.memory_bytes = memory_bytes
         self.note = note  # e.g. why the session fell back to the CPU
-        self.state = "ready"
+        self.state = LoadState.READY
+        self.version_label = str(spec.version)  # the version as /v2 names it, made once
+        self.batching = can_batch(spec.signature)
         self.output_names = [output.name for output in session.get_outputs()]
+        self.batcher = Batcher(
+            self._run_all,
+            batching=self.batching,
+            max_batch_size=spec.max_batch_size,
+            max_queue_delay_us=spec.max_queue_delay_us,
+            max_queue_size=spec.max_queue_size,
+            on_batch=self._observe_batch,
+            on_close=self._forget_queue_depth,
+        )
+        self._body_limit: tuple[int, BodyLimit] | None = None
         self._inflight = 0
         self._closed = False
         self._cond = threading.Condition()
-        self._on_close: list[Callable[[], object]] = []
 
     def acquire(self) -> None:
         with self._cond:
@@ -97,28 +98,35 @@ class LoadedVersion:
     def run(self, feeds: dict[str, Any], output_names: list[str] | None = None) -> list[Any]:
         return self.session.run(output_names, feeds)
 
-    def on_close(self, callback: Callable[[], object]) -> None:
-        """Call ``callback`` (from the draining thread) once the session has been dropped."""
-        with self._cond:
-            if not self._closed:
-                self._on_close.append(callback)
-                return
-        callback()
+    def _run_all(self, feeds: dict[str, Any]) -> dict[str, Any]:
+        """Every output by name; the batcher's run (``self.run`` is looked up each time, so tests can hold it)."""
+        return dict(zip(self.output_names, self.run(feeds), strict=True))
+
+    def _observe_batch(self, requests: int, rows: int) -> None:
+        metrics.BATCH_SIZE.labels(self.spec.model).observe(requests)
+
+    def _forget_queue_depth(self) -> None:
+        try:
+            metrics.QUEUE_DEPTH.remove(self.spec.model, self.version_label)
+        except KeyError:  # never scraped while it served
+            pass
+
+    def body_limit(self, default: int) -> BodyLimit:
+        """The request body limit for this version under the global ``default``, worked out once per default."""
+        cached = self._body_limit
+        if cached is None or cached[0] != default:
+            cached = self._body_limit = (default, body_limit(self.spec.model, self.spec.signature, default))
+        return cached[1]
 
     def drain_and_close(self, timeout: float) -> bool:
-        """Wait for requests in flight, then drop the session; returns False if the wait timed out."""
+        """Wait for requests in flight, then drop the session and close the batcher; False if the wait timed out."""
         with self._cond:
-            self.state = "draining"
+            self.state = LoadState.DRAINING
             drained = self._cond.wait_for(lambda: self._inflight == 0, timeout=timeout)
             self._closed = True
             self.session = None
-            self.state = "closed"
-            callbacks, self._on_close = self._on_close, []
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception:  # a clean-up hook must not stop the others
-                logger.exception("clean-up after unloading %s v%s failed", self.spec.model, self.spec.version)
+            self.state = LoadState.CLOSED
+        self.batcher.close()
         return drained
 
     @property
@@ -141,7 +149,7 @@ class Router:
         routes = self.table.get(model)
         if routes is None:
             return None
-        return routes.get(ref or "production")
+        return routes.get(ref or PRODUCTION)
 
 
 @dataclass
@@ -166,42 +174,6 @@ def _rss_bytes() -> int:
         return 0
 
 
-def fetch_desired_state() -> DesiredState:
-    """Read every version a served alias points to (one query plus one for files)."""
-    from registry.models import Alias, FileRole, VersionStatus
-
-    aliases = (
-        Alias.objects.filter(served=True, version__isnull=False, version__status=VersionStatus.READY)
-        .select_related("model", "version")
-        .prefetch_related("version__files")
-    )
-    versions: dict[int, VersionSpec] = {}
-    routes: dict[str, dict[str, int]] = {}
-    for alias in aliases:
-        version = alias.version
-        assert version is not None
-        files = tuple(
-            CachedFile(name=f.name, storage_key=f.storage_key, sha256=f.sha256, size_bytes=f.size_bytes)
-            for f in version.files.all()
-        )
-        model_file = next(f.name for f in version.files.all() if f.role == FileRole.MODEL)
-        versions[version.pk] = VersionSpec(
-            version_id=version.pk,
-            model=alias.model.name,
-            version=version.version,
-            sha256=version.sha256,
-            files=files,
-            model_file=model_file,
-            signature=version.signature,
-            strategy=alias.model.serving_strategy,
-            max_batch_size=alias.model.max_batch_size,
-            max_queue_delay_us=alias.model.max_queue_delay_us,
-            max_queue_size=alias.model.max_queue_size,
-        )
-        routes.setdefault(alias.model.name, {})[alias.name] = version.pk
-    return DesiredState(versions=versions, routes=routes)
-
-
 class InferenceRuntime:
     """Owns the loaded versions of this process and the thread that reconciles them with the registry."""
 
@@ -223,7 +195,7 @@ class InferenceRuntime:
         self._last_heartbeat = 0.0
         self._passes = 0
         self._synced = False
-        self._last_snapshot: list[dict[str, Any]] = []
+        self._last_snapshot: tuple[LoadedRow, ...] = ()
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -243,9 +215,6 @@ class InferenceRuntime:
             loaded.drain_and_close(timeout=1)
         self.loaded.clear()
         self.router = Router()
-
-    def wake(self) -> None:
-        self._wake.set()
 
     @property
     def ready(self) -> bool:
@@ -291,12 +260,10 @@ class InferenceRuntime:
             logger.debug("closing the database connection failed: %s", exc)
 
     def _listen_loop(self) -> None:
-        from registry import notify
-
         backoff = 0.5
         while not self._stop.is_set():
             try:
-                with notify.listen() as listener:
+                with serving.alias_changes() as listener:
                     backoff = 0.5
                     while not self._stop.is_set():
                         if listener.wait(1.0):
@@ -313,7 +280,7 @@ class InferenceRuntime:
         fresh = True
         try:
             close_old_connections()
-            desired = fetch_desired_state()
+            desired = serving.desired_state()
             self.status.db_error = ""
         except DatabaseError as exc:
             # Keep serving what we have; try again on the next pass.
@@ -342,7 +309,7 @@ class InferenceRuntime:
             failure = self.status.failures.get(version_id)
             if failure is not None and failure.retry_at > now:
                 continue
-            if spec.strategy == "replace":
+            if spec.strategy == serving.ServingStrategy.REPLACE:
                 self._unload_other_versions(spec.model, keep=set(desired.versions))
             self.status.loading[version_id] = spec
             future = self._executor.submit(self._load, spec)
@@ -350,13 +317,11 @@ class InferenceRuntime:
             self._loads[version_id] = future
 
     def _load(self, spec: VersionSpec) -> LoadedVersion:
-        from registry.validation import synthetic_inputs
-
         started = time.perf_counter()
         rss_before = _rss_bytes()
         folder = self.cache.bundle(spec.sha256, spec.files)
         built = build_session(folder / spec.model_file)
-        built.session.run(None, synthetic_inputs(built.session))  # warm-up before taking traffic
+        built.session.run(None, serving.synthetic_inputs(built.session))  # warm-up before taking traffic
         loaded = LoadedVersion(
             spec,
             built.session,
@@ -436,7 +401,8 @@ class InferenceRuntime:
 
     # --- fleet status --------------------------------------------------------------------------
 
-    def snapshot(self) -> list[dict[str, Any]]:
+    def snapshot(self) -> tuple[LoadedRow, ...]:
+        """What this process serves, loads and failed to load, by model and version: its fleet report."""
         with self._lock:
             aliases_of: dict[int, list[str]] = {}
             for routes in self.router.table.values():
@@ -444,55 +410,42 @@ class InferenceRuntime:
                     if not name.isdigit():
                         aliases_of.setdefault(loaded.spec.version_id, []).append(name)
             failures = self.status.failures
-            # "attempts" counts failed loads so far; "note" says why a session runs on another provider.
             rows = [
-                {
-                    "model": v.spec.model,
-                    "version": v.spec.version,
-                    "aliases": sorted(aliases_of.get(vid, [])),
-                    "state": v.state,
-                    "error": "",
-                    "load_seconds": round(v.load_seconds, 3),
-                    "memory_bytes": v.memory_bytes,
-                    "provider": v.provider,
-                    "note": v.note,
-                    "attempts": 0,
-                }
+                LoadedRow(
+                    model=v.spec.model,
+                    version=v.spec.version,
+                    state=v.state,
+                    aliases=tuple(sorted(aliases_of.get(vid, []))),
+                    load_seconds=round(v.load_seconds, 3),
+                    memory_bytes=v.memory_bytes,
+                    provider=v.provider,
+                    note=v.note,
+                )
                 for vid, v in self.loaded.items()
             ]
             rows += [
-                {
-                    "model": s.model,
-                    "version": s.version,
-                    "aliases": [],
-                    "state": "loading",
-                    "error": failures[vid].error if vid in failures else "",
-                    "load_seconds": None,
-                    "memory_bytes": None,
-                    "provider": "",
-                    "note": "",
-                    "attempts": failures[vid].attempts if vid in failures else 0,
-                }
+                LoadedRow(
+                    model=s.model,
+                    version=s.version,
+                    state=LoadState.LOADING,
+                    error=failures[vid].error if vid in failures else "",
+                    attempts=failures[vid].attempts if vid in failures else 0,
+                )
                 for vid, s in self.status.loading.items()
             ]
             for version_id, failure in failures.items():
                 spec = self._desired.versions.get(version_id)
                 if spec is not None and version_id not in self.status.loading:
                     rows.append(
-                        {
-                            "model": spec.model,
-                            "version": spec.version,
-                            "aliases": [],
-                            "state": "failed",
-                            "error": failure.error,
-                            "load_seconds": None,
-                            "memory_bytes": None,
-                            "provider": "",
-                            "note": "",
-                            "attempts": failure.attempts,
-                        }
+                        LoadedRow(
+                            model=spec.model,
+                            version=spec.version,
+                            state=LoadState.FAILED,
+                            error=failure.error,
+                            attempts=failure.attempts,
+                        )
                     )
-        return sorted(rows, key=lambda r: (r["model"], r["version"]))
+        return tuple(sorted(rows, key=lambda r: (r.model, r.version)))
 
     def _heartbeat_if_due(self) -> None:
         """Report at the heartbeat interval, and at once whenever what this process serves changed."""
@@ -501,24 +454,20 @@ class InferenceRuntime:
         if due or snapshot != self._last_snapshot:
             self.heartbeat(snapshot)
 
-    def heartbeat(self, snapshot: list[dict[str, Any]] | None = None) -> None:
-        from registry.models import InferenceWorker
-
+    def heartbeat(self, snapshot: tuple[LoadedRow, ...] | None = None) -> None:
         snapshot = self.snapshot() if snapshot is None else snapshot
+        report = serving.WorkerReport(
+            worker_id=self.worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            device=self.device,
+            provider=self.provider,
+            started_at=self.started_at,
+            loaded=snapshot,
+            errors=(self.status.db_error,) if self.status.db_error else (),
+        )
         try:
-            InferenceWorker.objects.update_or_create(
-                worker_id=self.worker_id,
-                defaults={
-                    "host": socket.gethostname(),
-                    "pid": os.getpid(),
-                    "device": self.device,
-                    "provider": self.provider,
-                    "loaded": snapshot,
-                    "errors": [self.status.db_error] if self.status.db_error else [],
-                    "started_at": self.started_at,
-                    "heartbeat_at": timezone.now(),
-                },
-            )
+            serving.worker_heartbeat(report)
             self._last_heartbeat = time.monotonic()
             self._last_snapshot = snapshot
         except DatabaseError as exc:

@@ -140,23 +140,20 @@ def demo(args: argparse.Namespace) -> int:
     import hashlib
     import logging
     import time
-    from datetime import timedelta
 
     import numpy as np
     from django.conf import settings
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
-    from django.utils import timezone
     from onnx import TensorProto, helper, numpy_helper
 
-    from registry import promotions, services
+    from registry import promotions, services, serving
     from registry.audit import Actor
     from registry.auth import authenticate_token
     from registry.errors import Conflict
     from registry.models import (
         PRODUCTION,
         Alias,
-        InferenceWorker,
         PromotionRequest,
         PromotionState,
         RegisteredModel,
@@ -233,20 +230,17 @@ def demo(args: argparse.Namespace) -> int:
     print(f"Model '{model.name}' version {version.version} (y = 2x + 1) is on the production alias.")
 
     # A running inference server picks the alias up within its poll interval; wait for its heartbeat to say so.
-    recent = timezone.now() - timedelta(seconds=max(30.0, 3 * settings.FLEET_HEARTBEAT_SECONDS))
-    if InferenceWorker.objects.filter(heartbeat_at__gte=recent).exists():
-        deadline = time.monotonic() + max(30.0, 3 * settings.RECONCILE_POLL_SECONDS)
-        serving = False
-        while not serving and time.monotonic() < deadline:
-            serving = any(
-                row.get("model") == model.name and row.get("version") == version.version and row.get("state") == "ready"
-                for worker in InferenceWorker.objects.filter(heartbeat_at__gte=recent)
-                for row in worker.loaded
-            )
-            if not serving:
-                time.sleep(0.5)
+    if serving.fleet_list(online_only=True):
+        behind = serving.fleet_wait(
+            model=model.name,
+            alias=alias.name,
+            version=version.version,
+            timeout=max(30.0, 3 * settings.RECONCILE_POLL_SECONDS),
+        )
         print(
-            "The running inference server has loaded it." if serving else "The inference server has not loaded it yet."
+            "The running inference server has loaded it."
+            if not behind
+            else "The inference server has not loaded it yet."
         )
     else:
         print("No inference server is running: start one in another terminal with `make run` (or `modelyard serve`).")

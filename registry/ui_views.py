@@ -15,17 +15,15 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from registry import promotions, selectors
+from registry import promotions, selectors, serving
 from registry.api.errors import status_for
-from registry.api.fleet_views import offline_after
 from registry.audit import actor_from_request, audit_access_denied, audit_event_list
 from registry.audit_verify import audit_verify
 from registry.auth import has_role
 from registry.errors import PermissionDenied, RegistryError
-from registry.models import InferenceWorker, PromotionState, RegisteredModel, Role
+from registry.models import PromotionState, RegisteredModel, Role
 
 AUDIT_PAGE_SIZE = 200
 DECIDED_SHOWN = 50
@@ -142,9 +140,5 @@ def _audit_refusal(request: HttpRequest, exc: RegistryError) -> None:
 
 @login_required
 def fleet_index(request: HttpRequest) -> HttpResponse:
-    online_since = timezone.now() - offline_after()
-    workers = [
-        {"worker": worker, "online": worker.heartbeat_at >= online_since}
-        for worker in InferenceWorker.objects.order_by("worker_id")
-    ]
+    workers = [{"worker": worker, "online": worker.online} for worker in serving.fleet_list()]
     return render(request, "modelyard/ui/fleet.html", {"workers": workers})

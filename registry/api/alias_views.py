@@ -14,8 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from modelyard.error_body import error_body
-from registry import promotions, selectors
-from registry.api.fleet_views import wait_for_fleet
+from registry import promotions, selectors, serving
 from registry.audit import actor_from_request
 from registry.errors import InvalidInput
 from registry.models import Alias, AliasMove, PromotionKind, PromotionRequest, PromotionState, RegisteredModel
@@ -146,14 +145,15 @@ class AliasDetail(APIView):
         outcome.alias.refresh_from_db()
         body = AliasSerializer(outcome.alias).data
         if wait is not None and outcome.alias.served:
-            behind = wait_for_fleet(model=name, alias=alias, version=data.validated_data["version"], timeout=wait)
+            behind = serving.fleet_wait(model=name, alias=alias, version=data.validated_data["version"], timeout=wait)
             if behind:
                 message = (
                     f"{len(behind)} inference worker(s) did not serve version {data.validated_data['version']} "
                     f"within {wait:g} s; the alias has moved"
                 )
                 return Response(
-                    error_body(message, {"alias": body, "laggards": behind}), status=status.HTTP_504_GATEWAY_TIMEOUT
+                    error_body(message, {"alias": body, "laggards": [laggard.as_json() for laggard in behind]}),
+                    status=status.HTTP_504_GATEWAY_TIMEOUT,
                 )
         return Response(body)
 

@@ -1,84 +1,45 @@
-"""The fleet: what each inference process reports it serves."""
+"""The fleet: what each inference process reports it serves (read through ``registry.serving``)."""
 
 from __future__ import annotations
 
-import time
-from datetime import timedelta
-from typing import Any
-
-from django.conf import settings
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from registry.models import InferenceWorker
+from registry import serving
 
 
-def offline_after() -> timedelta:
-    return timedelta(seconds=max(3 * settings.FLEET_HEARTBEAT_SECONDS, 15))
+class LoadedRowSerializer(serializers.Serializer[serving.LoadedRow]):
+    model = serializers.CharField()
+    version = serializers.IntegerField()
+    aliases = serializers.ListField(child=serializers.CharField())
+    state = serializers.ChoiceField(choices=serving.LoadState.choices)
+    error = serializers.CharField()
+    load_seconds = serializers.FloatField(allow_null=True)
+    memory_bytes = serializers.IntegerField(allow_null=True)
+    provider = serializers.CharField()
+    note = serializers.CharField()
+    attempts = serializers.IntegerField()
 
 
-class WorkerSerializer(serializers.ModelSerializer[InferenceWorker]):
-    online = serializers.SerializerMethodField()
-
-    class Meta:
-        model = InferenceWorker
-        fields = [
-            "worker_id",
-            "host",
-            "pid",
-            "device",
-            "provider",
-            "online",
-            "heartbeat_at",
-            "started_at",
-            "loaded",
-            "errors",
-        ]
-
-    def get_online(self, worker: InferenceWorker) -> bool:
-        return worker.heartbeat_at >= timezone.now() - offline_after()
+class WorkerSerializer(serializers.Serializer[serving.FleetWorker]):
+    worker_id = serializers.CharField()
+    host = serializers.CharField()
+    pid = serializers.IntegerField()
+    device = serializers.CharField()
+    provider = serializers.CharField()
+    online = serializers.BooleanField()
+    heartbeat_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField()
+    loaded = LoadedRowSerializer(many=True)
+    # DRF takes declared fields out of the class, so this does not shadow Serializer.errors at run time.
+    errors = serializers.ListField(child=serializers.CharField())  # type: ignore[assignment]
 
 
 class FleetList(APIView):
     @extend_schema(responses=WorkerSerializer(many=True))
     def get(self, request: Request) -> Response:
-        workers = InferenceWorker.objects.order_by("worker_id")
-        if request.query_params.get("online") == "true":
-            workers = workers.filter(heartbeat_at__gte=timezone.now() - offline_after())
-        return Response(WorkerSerializer(workers, many=True).data)
-
-
-def laggards(*, model: str, alias: str, version: int) -> list[dict[str, Any]]:
-    """Online inference workers that do not yet serve ``version`` under ``alias``."""
-    behind = []
-    for worker in InferenceWorker.objects.filter(heartbeat_at__gte=timezone.now() - offline_after()):
-        serving = [
-            row
-            for row in worker.loaded
-            if row.get("model") == model and alias in row.get("aliases", []) and row.get("state") == "ready"
-        ]
-        if not any(row["version"] == version for row in serving):
-            failed = [r for r in worker.loaded if r.get("model") == model and r.get("version") == version]
-            behind.append(
-                {
-                    "worker_id": worker.worker_id,
-                    "serving": serving[0]["version"] if serving else None,
-                    "state": failed[0]["state"] if failed else "not loaded",
-                    "error": failed[0].get("error", "") if failed else "",
-                }
-            )
-    return behind
-
-
-def wait_for_fleet(*, model: str, alias: str, version: int, timeout: float) -> list[dict[str, Any]]:
-    """Poll the fleet until every online worker serves the version; returns the laggards left."""
-    deadline = time.monotonic() + timeout
-    while True:
-        behind = laggards(model=model, alias=alias, version=version)
-        if not behind or time.monotonic() >= deadline:
-            return behind
-        time.sleep(0.1)
+        workers = serving.fleet_list(online_only=request.query_params.get("online") == "true")
+        return Response([WorkerSerializer(worker).data for worker in workers])

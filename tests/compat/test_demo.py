@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,20 @@ def test_demo_without_a_server_says_how_to_start_one(tmp_path):
     versions, production = demo_state(tmp_path / "data")
     assert [(number, status) for _, number, status in versions] == [(1, "ready")]
     assert production == versions[0][0]
+
+
+def test_demo_counts_a_worker_offline_as_the_fleet_does(tmp_path):
+    """A worker last seen 20 s ago is offline for the fleet (3 heartbeats of 5 s, at least 15 s): the demo agrees."""
+    env = embedded_env(tmp_path / "data")
+    run_demo(env, "http://127.0.0.1:8000")  # creates the database
+    seen = (datetime.now(UTC) - timedelta(seconds=20)).strftime("%Y-%m-%d %H:%M:%S.%f")
+    with database(tmp_path / "data") as db:
+        db.execute(
+            "INSERT INTO registry_inferenceworker "
+            "(worker_id, host, pid, device, provider, loaded, errors, started_at, heartbeat_at) "
+            "VALUES ('gone', 'h', 1, 'cpu', 'CPUExecutionProvider', '[]', '[]', ?, ?)",
+            (seen, seen),
+        )
+    out = run_demo(env, "http://127.0.0.1:8000")
+    # Not "has not loaded it yet" after waiting 30 s for a server that is gone.
+    assert "No inference server is running: start one in another terminal with `make run`" in out

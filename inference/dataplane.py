@@ -1,0 +1,281 @@
+"""The data plane of the Open Inference Protocol, with no transport in it.
+
+``DataPlane`` answers what a protocol asks (server and model metadata, readiness, model
+configuration, inference) from the runtime's in-memory routing table, never the database per
+request. It takes decoded requests and returns plain results; when it cannot answer it raises an
+error of ``inference.errors``. The REST endpoints of ``inference/app.py`` are a few lines each
+around it (decode, call, encode), and a gRPC server calls the same methods.
+
+What a transport must refuse before it reads a request body (the token, the rate limit, the
+model, the body limit) is here too, as separate methods, so that every transport refuses the same
+way and in the same order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Iterator
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, NamedTuple
+
+import anyio
+import numpy as np
+from django.conf import settings
+
+from inference.auth import TokenCache, token_key
+from inference.errors import (
+    ClientGone,
+    InferenceFailed,
+    ModelNotFound,
+    ModelNotReady,
+    OutOfMemory,
+    Overloaded,
+    RateLimited,
+    RequestTimeout,
+    Unauthorised,
+)
+from inference.protocol import BodyLimit, InferRequest
+from inference.runtime import InferenceRuntime, LoadedVersion, NotLoaded
+from inference.throttle import Throttle, retry_after
+
+PLATFORM = "onnxruntime_onnx"
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters"]
+NEEDS_TOKEN = "a bearer token with the inference role is required"
+OUT_OF_MEMORY = "the server has not enough memory for this request now; retry later or send a smaller one"
+RELOADING = "the model is being reloaded; retry"
+ATTEMPTS = 3  # routes taken in turn when a version is swapped out between resolving and acquiring it
+
+_TRITON_TYPES = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL"}
+
+
+class InferResult(NamedTuple):
+    """The outputs of one request, by name, and the version that computed them."""
+
+    model: str
+    version: str
+    outputs: dict[str, np.ndarray]
+
+
+def _server_version() -> str:
+    try:
+        return version("modelyard")
+    except PackageNotFoundError:
+        return "0"
+
+
+def _config_tensor(spec: dict[str, Any], batched: bool) -> dict[str, Any]:
+    shape = spec.get("shape") or []
+    datatype = spec["datatype"]
+    return {
+        "name": spec["name"],
+        "data_type": _TRITON_TYPES.get(datatype, f"TYPE_{datatype}"),
+        "dims": shape[1:] if batched else shape,
+    }
+
+
+def _discard(awaitable: Coroutine[Any, Any, object] | None) -> None:
+    if awaitable is not None:
+        awaitable.close()  # never started: close it, so that it is not reported as never awaited
+
+
+class DataPlane:
+    """Server and model endpoints of the Open Inference Protocol over one :class:`InferenceRuntime`."""
+
+    def __init__(self, runtime: InferenceRuntime, *, tokens: TokenCache | None = None) -> None:
+        self.runtime = runtime
+        self.tokens = tokens or TokenCache()
+        self._throttle: Throttle | None = None
+
+    # --- refusals before a request body is read ----------------------------------------------------
+
+    async def token_allowed(self, token: str) -> bool:
+        """Whether a bearer token has the inference role (admins have every role); cached, see ``inference.auth``."""
+        if not token:
+            return False
+        verdict = self.tokens.cached(token)
+        if verdict is None:
+            verdict = await anyio.to_thread.run_sync(self.tokens.check, token)
+        return verdict
+
+    @property
+    def needs_token(self) -> bool:
+        """False when /v2 is public (``MODELYARD_INFERENCE_PUBLIC``): then a transport need not read the token."""
+        return not settings.INFERENCE_PUBLIC
+
+    async def authorise(self, token: str) -> None:
+        """Raise :class:`Unauthorised` unless /v2 is public or the token may infer."""
+        if not settings.INFERENCE_PUBLIC and not await self.token_allowed(token):
+            raise Unauthorised(NEEDS_TOKEN)
+
+    def throttle(self, *, token: str, address: str) -> None:
+        """Take one request from the client's bucket (``MODELYARD_V2_RATE``, read per request so it can change).
+
+        The client is its token, or its address when /v2 is public. Raises :class:`RateLimited`.
+        """
+        rate = settings.V2_RATE
+        if rate is None:
+            return
+        if self._throttle is None or self._throttle.setting != rate:
+            self._throttle = Throttle(*rate)
+        client = "address " + address if settings.INFERENCE_PUBLIC else "token " + (token_key(token) or "")
+        wait = self._throttle.wait(client)
+        if wait:
+            seconds = retry_after(wait)
+            raise RateLimited(
+                f"rate limit of {self._throttle.describe()} passed (MODELYARD_V2_RATE); retry in {seconds} s",
+                retry_after=int(seconds),
+            )
+
+    def resolve(self, model: str, ref: str | None = None) -> LoadedVersion:
+        """The loaded version that ``model`` (its production alias) or ``model``/``ref`` routes to now.
+
+        ``ref`` is a version number or the name of a served alias. Raises :class:`ModelNotFound`
+        for what this process is not meant to serve, :class:`ModelNotReady` for what it has not loaded.
+        """
+        loaded = self.runtime.router.resolve(model, ref)
+        if loaded is not None:
+            return loaded
+        runtime = self.runtime
+        if model not in runtime.router.table and model not in runtime.known_models():
+            raise ModelNotFound(f"unknown model '{model}'")
+        if ref is not None and ref not in runtime.known_refs(model):
+            raise ModelNotFound(f"model '{model}' has no served version or alias '{ref}'")
+        what = f"model '{model}'" + (f" version '{ref}'" if ref else "")
+        raise ModelNotReady(f"{what} is not loaded yet")
+
+    def body_limit(self, loaded: LoadedVersion) -> BodyLimit:
+        """The most bytes a request body for ``loaded`` may have (``MODELYARD_V2_MAX_BODY_BYTES`` or less)."""
+        return loaded.body_limit(settings.V2_MAX_BODY_BYTES)
+
+    def serves(self, model: str) -> bool:
+        """Whether this process routes ``model`` now (metrics label only such names, not any name from a URL)."""
+        return model in self.runtime.router.table
+
+    # --- server ----------------------------------------------------------------------------------
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": "modelyard", "version": _server_version(), "extensions": EXTENSIONS}
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        """True once the runtime has read the desired state and loaded (or tried) each version of it."""
+        return self.runtime.ready
+
+    # --- models ----------------------------------------------------------------------------------
+
+    def model_metadata(self, model: str, ref: str | None = None) -> dict[str, Any]:
+        spec = self.resolve(model, ref).spec
+        if ref is None:
+            served = {v.spec.version for v in self.runtime.router.table.get(spec.model, {}).values()}
+            versions = [str(v) for v in sorted(served)]
+        else:
+            versions = [str(spec.version)]
+        return {
+            "name": spec.model,
+            "versions": versions,
+            "platform": PLATFORM,
+            "inputs": spec.signature.get("inputs", []),
+            "outputs": spec.signature.get("outputs", []),
+        }
+
+    def model_ready(self, model: str, ref: str | None = None) -> dict[str, Any]:
+        """Ready when it resolves; otherwise :meth:`resolve` raises why not."""
+        loaded = self.resolve(model, ref)
+        return {"name": loaded.spec.model, "version": loaded.version_label, "ready": True}
+
+    def model_config(self, model: str, ref: str | None = None) -> dict[str, Any]:
+        """Triton's model configuration (the ``model_configuration`` extension)."""
+        loaded = self.resolve(model, ref)
+        spec = loaded.spec
+        batched = loaded.batching
+        config: dict[str, Any] = {
+            "name": spec.model,
+            "platform": PLATFORM,
+            "backend": "onnxruntime",
+            "version_policy": {"specific": {"versions": [spec.version]}},
+            "max_batch_size": spec.max_batch_size if batched else 0,
+            "input": [_config_tensor(s, batched) for s in spec.signature.get("inputs", [])],
+            "output": [_config_tensor(s, batched) for s in spec.signature.get("outputs", [])],
+            "instance_group": [{"kind": "KIND_GPU" if "CUDA" in loaded.provider else "KIND_CPU", "count": 1}],
+            "parameters": {"execution_provider": {"string_value": loaded.provider}},
+        }
+        if batched:
+            config["dynamic_batching"] = {
+                "max_queue_delay_microseconds": spec.max_queue_delay_us,
+                "default_queue_policy": {"max_queue_size": spec.max_queue_size},
+            }
+        return config
+
+    def queue_depths(self) -> Iterator[tuple[LoadedVersion, int]]:
+        """Requests waiting per loaded version, for versions that have taken requests and still serve."""
+        for loaded in list(self.runtime.loaded.values()):
+            batcher = loaded.batcher
+            if batcher.started and not batcher.closed:
+                yield loaded, batcher.queued
+
+    # --- inference -------------------------------------------------------------------------------
+
+    async def infer(
+        self,
+        model: str,
+        ref: str | None,
+        request: InferRequest,
+        *,
+        client_gone: Coroutine[Any, Any, object] | None = None,
+    ) -> InferResult:
+        """Run one decoded request on the version ``model``/``ref`` routes to now, through its batcher.
+
+        The route is taken again here (the body may have taken a while to arrive), and the version
+        is held until its outputs are back so that a swap drains it only afterwards. ``request``
+        must have been decoded against that version's signature; if a swap brought another
+        signature meanwhile, the client is asked to retry. ``client_gone`` completes when the
+        client goes away: the request is then dropped before it runs (:class:`ClientGone`).
+        """
+        try:
+            for _attempt in range(ATTEMPTS):
+                loaded = self.resolve(model, ref)
+                spec = loaded.spec
+                if spec.signature is not request.signature and spec.signature != request.signature:
+                    raise ModelNotReady(f"model '{spec.model}' changed to version {spec.version} meanwhile; retry")
+                try:
+                    loaded.acquire()
+                except NotLoaded:
+                    continue  # swapped out between resolve and acquire: take the new route
+                try:
+                    try:
+                        future = loaded.batcher.submit(
+                            request.inputs, priority=request.priority, timeout_us=request.timeout_us
+                        )
+                    except Overloaded as exc:
+                        raise Overloaded(f"model '{spec.model}' is overloaded: {exc}") from None
+                    values: dict[str, np.ndarray] | None = None
+                    try:
+                        if client_gone is None:
+                            values = await future
+                        else:
+                            disconnect: asyncio.Future[Any] = asyncio.ensure_future(client_gone)
+                            client_gone = None
+                            try:
+                                done, _ = await asyncio.wait([future, disconnect], return_when=asyncio.FIRST_COMPLETED)
+                            finally:
+                                disconnect.cancel()
+                            if future in done:
+                                values = future.result()
+                            else:
+                                future.cancel()  # the client went away: drop the request before it runs
+                    except RequestTimeout as exc:
+                        raise RequestTimeout(f"{exc} (timeout {request.timeout_us} us)") from None
+                    except MemoryError:
+                        raise OutOfMemory(OUT_OF_MEMORY) from None
+                    except Exception as exc:  # ORT refused these inputs
+                        raise InferenceFailed(f"inference failed: {exc}") from exc
+                finally:
+                    loaded.release()
+                if values is None:
+                    raise ClientGone("the client went away before its answer was ready")
+                return InferResult(spec.model, loaded.version_label, values)
+            raise ModelNotReady(RELOADING)
+        finally:
+            _discard(client_gone)

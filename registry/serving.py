@@ -1,0 +1,351 @@
+"""The one seam between the registry (the control plane) and the inference runtime (the data plane).
+
+``inference/`` imports nothing else from ``registry``; a test walks its imports to keep it so. What
+crosses the seam are typed, frozen rows, never ORM objects or dicts read back by string keys:
+
+- the desired state: which versions the served aliases point to (:func:`desired_state`);
+- the worker report: what one inference process serves, written by its heartbeat
+  (:func:`worker_heartbeat`), read back as the fleet (:func:`fleet_list`) with the one
+  definition of "online" (:func:`offline_after`);
+- the laggards of ``PUT alias?wait=``: online workers that do not serve a version yet
+  (:func:`fleet_laggards`, :func:`fleet_wait`);
+- the token check of ``/v2`` (:func:`token_may_infer`);
+- and what the runtime borrows from the registry as it is: the datatype table, the synthetic
+  inputs of warm-up, and the alias-change listener.
+
+Everything here that touches the database blocks: the data plane calls it from worker threads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from registry import clients, notify
+from registry.auth import authenticate_token, bearer_token, has_role, split_token
+from registry.datatypes import NUMPY_OF
+from registry.models import PRODUCTION, Alias, FileRole, InferenceWorker, Role, ServingStrategy, VersionStatus
+from registry.validation import synthetic_inputs
+
+__all__ = [
+    "NUMPY_OF",
+    "PRODUCTION",
+    "DesiredState",
+    "FleetWorker",
+    "Laggard",
+    "LoadState",
+    "LoadedRow",
+    "ServedFile",
+    "ServingStrategy",
+    "VersionSpec",
+    "WorkerReport",
+    "alias_changes",
+    "bearer_token",
+    "caller_address",
+    "desired_state",
+    "fleet_laggards",
+    "fleet_list",
+    "fleet_wait",
+    "is_online",
+    "offline_after",
+    "synthetic_inputs",
+    "token_may_infer",
+    "token_shaped",
+    "worker_heartbeat",
+]
+
+
+def caller_address(peer: str, forwarded_for: str) -> str:
+    """The client's address as the registry records it: ``X-Forwarded-For`` counts only via a trusted proxy."""
+    return clients.client_address({"REMOTE_ADDR": peer, "HTTP_X_FORWARDED_FOR": forwarded_for})[0]
+
+
+# The least time without a heartbeat after which a worker counts as offline, whatever the interval.
+MIN_OFFLINE_SECONDS = 15.0
+
+
+class LoadState(models.TextChoices):
+    """Where one version stands in one inference process."""
+
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+    DRAINING = "draining"
+    CLOSED = "closed"
+
+
+# --- The desired state ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServedFile:
+    """One file of a served version's bundle, as the artifact cache fetches and verifies it."""
+
+    name: str
+    storage_key: str
+    sha256: str
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class VersionSpec:
+    """What the registry says one served version is."""
+
+    version_id: int
+    model: str
+    version: int
+    sha256: str
+    files: tuple[ServedFile, ...]
+    model_file: str
+    signature: dict[str, Any]
+    strategy: str
+    max_batch_size: int = 32
+    max_queue_delay_us: int = 0
+    max_queue_size: int = 1024
+
+
+@dataclass(frozen=True)
+class DesiredState:
+    """Every version a served alias points to, and the routes to them."""
+
+    versions: Mapping[int, VersionSpec]
+    # model name -> alias name -> version id
+    routes: Mapping[str, Mapping[str, int]]
+
+
+def desired_state() -> DesiredState:
+    """Read every version a served alias points to (one query, plus one for the files)."""
+    aliases = (
+        Alias.objects.filter(served=True, version__isnull=False, version__status=VersionStatus.READY)
+        .select_related("model", "version")
+        .prefetch_related("version__files")
+    )
+    versions: dict[int, VersionSpec] = {}
+    routes: dict[str, dict[str, int]] = {}
+    for alias in aliases:
+        version = alias.version
+        assert version is not None
+        files = version.files.all()
+        versions[version.pk] = VersionSpec(
+            version_id=version.pk,
+            model=alias.model.name,
+            version=version.version,
+            sha256=version.sha256,
+            files=tuple(ServedFile(f.name, f.storage_key, f.sha256, f.size_bytes) for f in files),
+            model_file=next(f.name for f in files if f.role == FileRole.MODEL),
+            signature=version.signature,
+            strategy=alias.model.serving_strategy,
+            max_batch_size=alias.model.max_batch_size,
+            max_queue_delay_us=alias.model.max_queue_delay_us,
+            max_queue_size=alias.model.max_queue_size,
+        )
+        routes.setdefault(alias.model.name, {})[alias.name] = version.pk
+    return DesiredState(versions=versions, routes=routes)
+
+
+# --- The worker report -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadedRow:
+    """One version in one worker's report: its state, the aliases it serves, and how its load went."""
+
+    model: str
+    version: int
+    state: LoadState
+    aliases: tuple[str, ...] = ()
+    error: str = ""
+    load_seconds: float | None = None
+    memory_bytes: int | None = None
+    provider: str = ""
+    note: str = ""  # e.g. why the session runs on another provider than the one requested
+    attempts: int = 0  # failed loads so far
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "version": self.version,
+            "aliases": list(self.aliases),
+            "state": self.state.value,
+            "error": self.error,
+            "load_seconds": self.load_seconds,
+            "memory_bytes": self.memory_bytes,
+            "provider": self.provider,
+            "note": self.note,
+            "attempts": self.attempts,
+        }
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> LoadedRow:
+        return cls(
+            model=row["model"],
+            version=row["version"],
+            state=LoadState(row["state"]),
+            aliases=tuple(row.get("aliases", ())),
+            error=row.get("error", ""),
+            load_seconds=row.get("load_seconds"),
+            memory_bytes=row.get("memory_bytes"),
+            provider=row.get("provider", ""),
+            note=row.get("note", ""),
+            attempts=row.get("attempts", 0),
+        )
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """What one inference process reports with each heartbeat."""
+
+    worker_id: str
+    host: str
+    pid: int
+    device: str
+    provider: str
+    started_at: datetime
+    loaded: tuple[LoadedRow, ...]
+    errors: tuple[str, ...] = ()
+
+
+def worker_heartbeat(report: WorkerReport) -> None:
+    """Write the report as the worker's fleet row, stamped now; raises DatabaseError when the database is away."""
+    InferenceWorker.objects.update_or_create(
+        worker_id=report.worker_id,
+        defaults={
+            "host": report.host,
+            "pid": report.pid,
+            "device": report.device,
+            "provider": report.provider,
+            "loaded": [row.as_json() for row in report.loaded],
+            "errors": list(report.errors),
+            "started_at": report.started_at,
+            "heartbeat_at": timezone.now(),
+        },
+    )
+
+
+# --- The fleet -------------------------------------------------------------------------------------
+
+
+def offline_after() -> timedelta:
+    """The one definition of offline: three missed heartbeats, and never less than 15 s."""
+    return timedelta(seconds=max(3 * settings.FLEET_HEARTBEAT_SECONDS, MIN_OFFLINE_SECONDS))
+
+
+def is_online(heartbeat_at: datetime, *, now: datetime | None = None) -> bool:
+    return heartbeat_at >= (now or timezone.now()) - offline_after()
+
+
+@dataclass(frozen=True)
+class FleetWorker:
+    """One inference process as the fleet shows it."""
+
+    worker_id: str
+    host: str
+    pid: int
+    device: str
+    provider: str
+    online: bool
+    heartbeat_at: datetime
+    started_at: datetime
+    loaded: tuple[LoadedRow, ...]
+    errors: tuple[str, ...]
+
+
+def fleet_list(*, online_only: bool = False) -> list[FleetWorker]:
+    """Every worker that has reported (or only the online ones), by worker id; one query."""
+    now = timezone.now()
+    workers = InferenceWorker.objects.order_by("worker_id")
+    if online_only:
+        workers = workers.filter(heartbeat_at__gte=now - offline_after())
+    return [
+        FleetWorker(
+            worker_id=worker.worker_id,
+            host=worker.host,
+            pid=worker.pid,
+            device=worker.device,
+            provider=worker.provider,
+            online=is_online(worker.heartbeat_at, now=now),
+            heartbeat_at=worker.heartbeat_at,
+            started_at=worker.started_at,
+            loaded=tuple(LoadedRow.from_json(row) for row in worker.loaded),
+            errors=tuple(worker.errors),
+        )
+        for worker in workers
+    ]
+
+
+@dataclass(frozen=True)
+class Laggard:
+    """An online worker that does not serve the version under the alias yet, and why, as far as it says."""
+
+    worker_id: str
+    serving: int | None  # the version it serves under the alias now, if any
+    state: str  # the version's load state in that worker, or "not loaded"
+    error: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"worker_id": self.worker_id, "serving": self.serving, "state": self.state, "error": self.error}
+
+
+def fleet_laggards(*, model: str, alias: str, version: int) -> list[Laggard]:
+    """Online inference workers that do not yet serve ``version`` under ``alias``."""
+    behind = []
+    for worker in fleet_list(online_only=True):
+        serving = [
+            row for row in worker.loaded if row.model == model and alias in row.aliases and row.state == LoadState.READY
+        ]
+        if any(row.version == version for row in serving):
+            continue
+        tried = [row for row in worker.loaded if row.model == model and row.version == version]
+        behind.append(
+            Laggard(
+                worker_id=worker.worker_id,
+                serving=serving[0].version if serving else None,
+                state=tried[0].state.value if tried else "not loaded",
+                error=tried[0].error if tried else "",
+            )
+        )
+    return behind
+
+
+def fleet_wait(*, model: str, alias: str, version: int, timeout: float) -> list[Laggard]:
+    """Poll the fleet until every online worker serves the version; returns the laggards left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        behind = fleet_laggards(model=model, alias=alias, version=version)
+        if not behind or time.monotonic() >= deadline:
+            return behind
+        time.sleep(0.1)
+
+
+# --- The /v2 token check -----------------------------------------------------------------------------
+
+
+def token_shaped(raw: str) -> bool:
+    """Whether ``raw`` can be a Modelyard token at all; no database query."""
+    return split_token(raw) is not None
+
+
+def token_may_infer(raw: str) -> bool:
+    """May this bearer token call ``/v2``? Blocking: it queries the database.
+
+    Yes for a live token (not revoked, not expired, its user active) with the inference role;
+    admins have every role.
+    """
+    token = authenticate_token(raw)
+    return token is not None and has_role(token.user, Role.INFERENCE)
+
+
+# --- Alias changes -----------------------------------------------------------------------------------
+
+
+def alias_changes() -> AbstractContextManager[notify.Listener]:
+    """Subscribe to alias-change notifications for the duration of a ``with`` block."""
+    return notify.listen()

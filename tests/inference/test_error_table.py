@@ -1,0 +1,37 @@
+"""The one table from domain errors to /v2 answers: every error has a status, and the headers the old endpoints sent."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+from inference import errors
+from inference.app import STATUS, error_response
+
+
+def test_every_domain_error_has_a_status():
+    defined = {
+        cls
+        for _, cls in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(cls, errors.InferenceError) and cls is not errors.InferenceError
+    }
+    assert defined == set(STATUS)
+    assert all(400 <= status < 600 for status, _ in STATUS.values())
+
+
+def test_answers_carry_the_message_retry_after_and_connection_close():
+    limited = error_response(errors.RateLimited("rate limit passed", retry_after=30), close=True)
+    assert (limited.status_code, json.loads(limited.body)) == (429, {"error": "rate limit passed"})
+    assert (limited.headers["retry-after"], limited.headers["connection"]) == ("30", "close")
+
+    not_ready = error_response(errors.ModelNotReady("model 'm' is not loaded yet"))
+    assert (not_ready.status_code, not_ready.headers["retry-after"]) == (503, "1")
+    assert "connection" not in not_ready.headers
+
+    too_large = error_response(errors.BodyTooLarge("the request body is larger than the limit"), close=True)
+    assert (too_large.status_code, too_large.headers["connection"]) == (413, "close")
+    assert "retry-after" not in too_large.headers
+
+    assert error_response(errors.RequestTimeout("late")).status_code == 504
+    gone = error_response(errors.ClientGone("gone"), close=True)
+    assert (gone.status_code, gone.body, "connection" in gone.headers) == (499, b"", False)
