@@ -124,9 +124,12 @@ LOGIN_MAX_FAILURES_PER_IP = env_int("MODELYARD_LOGIN_MAX_FAILURES_PER_IP", 20, m
 LOGIN_LOCKOUT_SECONDS = env_int("MODELYARD_LOGIN_LOCKOUT_SECONDS", 900, minimum=1)
 
 # --- Artifacts -------------------------------------------------------------------------------
-STORAGE = storage_from_url(
-    "MODELYARD_STORAGE_URL", env_str("MODELYARD_STORAGE_URL") or (DATA_DIR / "artifacts").as_uri()
-)
+_storage_url = env_str("MODELYARD_STORAGE_URL")
+STORAGE = storage_from_url("MODELYARD_STORAGE_URL", _storage_url or (DATA_DIR / "artifacts").as_uri())
+if not _storage_url:
+    # The embedded folder exists from the start, so /readyz is ready before the first upload; a
+    # configured folder is the operator's to provide, and /readyz says when it is missing.
+    (DATA_DIR / "artifacts").mkdir(parents=True, exist_ok=True)
 S3_ENDPOINT_URL = env_str("MODELYARD_S3_ENDPOINT_URL") or None
 S3_REGION = env_str("MODELYARD_S3_REGION") or None
 S3_ADDRESSING_STYLE = env_str("MODELYARD_S3_ADDRESSING_STYLE", "auto")
@@ -206,6 +209,10 @@ _cache_url = env_str("MODELYARD_CACHE_URL") or (
     BROKER_URL if BROKER_URL and BROKER_URL.startswith(("redis://", "rediss://")) else None
 )
 CACHES = cache_from_url("MODELYARD_CACHE_URL", _cache_url)
+
+# --- Health ----------------------------------------------------------------------------------
+# /readyz waits this long for each of the database, storage and broker checks (they run side by side).
+READY_TIMEOUT_SECONDS = env_float("MODELYARD_READY_TIMEOUT_SECONDS", 2.0, minimum=0.05)
 
 # --- API -------------------------------------------------------------------------------------
 # Requests per token (or per signed-in browser session), and per client address for requests

@@ -62,6 +62,9 @@ class ArtifactStorage(Protocol):
     def describe(self) -> str:
         """A short human-readable location, for logs and the README."""
 
+    def check(self) -> None:
+        """Raise StorageUnavailable, saying why, when the folder or bucket cannot be used now (for /readyz)."""
+
 
 class HashingReader:
     """A read-only, forward-only stream that hashes and counts what passes through it.
