@@ -279,6 +279,9 @@ V2_RATE = parse_rate(_v2_rate) if _v2_rate else None  # (requests, period in sec
 V2_TOKEN_CACHE_ENTRIES = env_int("MODELYARD_V2_TOKEN_CACHE_ENTRIES", 10_000, minimum=1)
 RECONCILE_POLL_SECONDS = env_float("MODELYARD_RECONCILE_POLL_SECONDS", 5.0, minimum=0.05)
 FLEET_HEARTBEAT_SECONDS = env_float("MODELYARD_FLEET_HEARTBEAT_SECONDS", 5.0, minimum=0.05)
+# An inference process that went offline without a clean stop is named as lagging by ?wait= until
+# it has been silent this long (a clean stop leaves the fleet at once).
+FLEET_FORGET_SECONDS = env_float("MODELYARD_FLEET_FORGET_SECONDS", 3600.0, minimum=0)
 CACHE_DIR = Path(env_str("MODELYARD_CACHE_DIR") or DATA_DIR / "cache")
 CACHE_MAX_BYTES = env_int("MODELYARD_CACHE_MAX_BYTES", 20 * 1024**3, minimum=1)
 WORKER_ID = env_str("MODELYARD_WORKER_ID") or ""

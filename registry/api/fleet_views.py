@@ -53,32 +53,51 @@ class FleetList(APIView):
 
 
 def laggards(*, model: str, alias: str, version: int) -> list[dict[str, Any]]:
-    """Online inference workers that do not yet serve ``version`` under ``alias``."""
+    """Inference workers that do not serve ``version`` under ``alias``.
+
+    Online workers that have not loaded it (yet, or at all), and workers that went offline within
+    ``MODELYARD_FLEET_FORGET_SECONDS`` without leaving the fleet: cut off from the registry, they
+    may well go on serving their last version to whoever still reaches them, which is what an
+    operator waiting on a promotion needs to hear. A cleanly stopped worker has left the fleet.
+    """
+    now = timezone.now()
+    online_since = now - offline_after()
+    workers = InferenceWorker.objects.filter(heartbeat_at__gte=now - timedelta(seconds=settings.FLEET_FORGET_SECONDS))
     behind = []
-    for worker in InferenceWorker.objects.filter(heartbeat_at__gte=timezone.now() - offline_after()):
+    for worker in workers:
         serving = [
             row
             for row in worker.loaded
             if row.get("model") == model and alias in row.get("aliases", []) and row.get("state") == "ready"
         ]
-        if not any(row["version"] == version for row in serving):
+        if any(row["version"] == version for row in serving):
+            continue
+        if worker.heartbeat_at < online_since:
+            state, error = "offline", f"no heartbeat since {worker.heartbeat_at.isoformat()}"
+        else:
             failed = [r for r in worker.loaded if r.get("model") == model and r.get("version") == version]
-            behind.append(
-                {
-                    "worker_id": worker.worker_id,
-                    "serving": serving[0]["version"] if serving else None,
-                    "state": failed[0]["state"] if failed else "not loaded",
-                    "error": failed[0].get("error", "") if failed else "",
-                }
-            )
+            state = failed[0]["state"] if failed else "not loaded"
+            error = failed[0].get("error", "") if failed else ""
+        behind.append(
+            {
+                "worker_id": worker.worker_id,
+                "serving": serving[0]["version"] if serving else None,
+                "state": state,
+                "error": error,
+            }
+        )
     return behind
 
 
 def wait_for_fleet(*, model: str, alias: str, version: int, timeout: float) -> list[dict[str, Any]]:
-    """Poll the fleet until every online worker serves the version; returns the laggards left."""
+    """Poll the fleet until every online worker serves the version; returns the laggards left.
+
+    Offline workers cannot catch up while they are cut off, so they do not hold the wait up; they
+    are named among the laggards all the same.
+    """
     deadline = time.monotonic() + timeout
     while True:
         behind = laggards(model=model, alias=alias, version=version)
-        if not behind or time.monotonic() >= deadline:
+        if all(lag["state"] == "offline" for lag in behind) or time.monotonic() >= deadline:
             return behind
         time.sleep(0.1)

@@ -283,8 +283,10 @@ def test_several_processes_converge_and_put_wait_reports_laggards(
 class PrivatePostgres:
     """A PostgreSQL server of this test's own, in a temporary folder on a free port (run as postgres if root)."""
 
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, *, host: str = "127.0.0.1", netns: str | None = None) -> None:
         self.bindir = bindir
+        self.host = host
+        self.netns = netns  # a host of its own (tests/inference/test_fleet_hosts.py)
         self.port = free_port()
         self.folder = Path(tempfile.mkdtemp(prefix="modelyard-pg-"))
         self.data = self.folder / "data"
@@ -295,19 +297,21 @@ class PrivatePostgres:
 
     @property
     def url(self) -> str:
-        return f"postgres://postgres@127.0.0.1:{self.port}/postgres"
+        return f"postgres://postgres@{self.host}:{self.port}/postgres"
 
     def _run(self, tool: str, *args: str) -> None:
         argv = [str(self.bindir / tool), *args]
         if os.geteuid() == 0:
             argv = ["runuser", "-u", "postgres", "--", *argv]
+        if self.netns:
+            argv = ["ip", "netns", "exec", self.netns, *argv]
         result = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=self.folder)
         if result.returncode != 0:
             log = self.log.read_text(errors="replace") if self.log.exists() else ""
             raise AssertionError(f"{tool} failed ({result.returncode}): {result.stdout}{result.stderr}\n{log}")
 
     def start(self) -> None:
-        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.folder} -c fsync=off"
+        options = f"-p {self.port} -c listen_addresses={self.host} -k {self.folder} -c fsync=off"
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "-t", "60", "start")
 
     def stop(self, mode: str = "immediate") -> None:
