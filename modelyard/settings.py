@@ -31,6 +31,11 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("MODELYARD_DATA_DIR") or Path.cwd() / ".modelyard").resolve()
 
 SECRET_KEY = env_str("MODELYARD_SECRET_KEY") or load_or_create_secret(DATA_DIR / "secret_key")
+if "REPLACE-ME" in SECRET_KEY:  # deploy/k8s/base/secret.example.yaml applied as it is: a key the world knows
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("MODELYARD_SECRET_KEY: still the example Secret's placeholder; set a long random one")
+
 DEBUG = env_bool("MODELYARD_DEBUG", False)
 ALLOWED_HOSTS = env_list("MODELYARD_ALLOWED_HOSTS", ["*"])
 CSRF_TRUSTED_ORIGINS = env_list("MODELYARD_CSRF_TRUSTED_ORIGINS", [])
