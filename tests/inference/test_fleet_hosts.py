@@ -7,6 +7,7 @@ private PostgreSQL, moto's S3 server and ``modelyard serve --role web``; each in
 is ``ip link set <its veth> down`` on the bridge side: the host itself notices nothing but silence.
 
 It needs root and ``ip`` (CI runs as root) and is skipped, saying why, where namespaces cannot be made.
+It takes about 25 s (the cut host must miss 3 heartbeats of 5 s), under the ~30 s that would make it ``slow``.
 Namespaces, links and processes are removed at the end whether the test passed or not.
 """
 
@@ -35,8 +36,6 @@ from tests.inference.conftest import ServeProcess, answered_bias, eventually, fr
 from tests.inference.test_serving_processes import Api, PrivatePostgres, createtoken, inference_env, is_ready, token_of
 from tests.onnx_models import add_model_bytes
 from tests.processes import kill_group
-
-pytestmark = pytest.mark.slow
 
 HEARTBEAT = 5.0  # seconds; offline means 3 missed beats, and never less than 15 s
 INFER = "/v2/models/demo/versions/staging/infer"
