@@ -250,7 +250,21 @@ class InferenceRuntime:
                     self._close_connection()
                 self._wake.wait(settings.RECONCILE_POLL_SECONDS)
         finally:
+            if self._stop.is_set():
+                self._leave_fleet()
             self._close_connection()
+
+    def _leave_fleet(self) -> None:
+        """On a clean stop, delete this process's fleet row: ``?wait=`` then neither waits for nor names it.
+
+        Only a process that vanished without stopping (killed, cut off) stays in the fleet, offline.
+        """
+        from registry.models import InferenceWorker
+
+        try:
+            InferenceWorker.objects.filter(worker_id=self.worker_id).delete()
+        except DatabaseError as exc:
+            logger.warning("could not leave the fleet: %s", exc)
 
     @staticmethod
     def _close_connection() -> None:

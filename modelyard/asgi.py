@@ -1,9 +1,10 @@
 """The ASGI entry point.
 
 ``/v2`` and ``/metrics`` go to the bare Starlette data plane before Django's ASGI handler,
-which would cost more per request than the model itself; everything else goes to Django. The
-process role (``MODELYARD_ROLE``: all, web or inference) decides which halves exist, and the
-lifespan events start and stop the inference runtime's reconcile loop.
+which would cost more per request than the model itself; the web role's probes, ``/healthz`` and
+``/readyz``, go to ``modelyard.health``; everything else goes to Django. The process role
+(``MODELYARD_ROLE``: all, web or inference) decides which halves exist, and the lifespan events
+start and stop the inference runtime's reconcile loop.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from modelyard.streaming import StreamingASGIHandler  # noqa: E402  (after Djang
 django_app = StreamingASGIHandler()
 
 from django.conf import settings  # noqa: E402
+
+from modelyard import health  # noqa: E402
 
 runtime: Any = None
 data_plane: Any = None
@@ -51,7 +54,9 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await _lifespan(receive, send)
         return
     path = scope.get("path", "")
-    if data_plane is not None and (path == "/v2" or path.startswith("/v2/") or path == "/metrics"):
+    if path in health.PATHS and settings.ROLE != "inference" and scope["type"] == "http":
+        await health.app(scope, receive, send)
+    elif data_plane is not None and (path == "/v2" or path.startswith("/v2/") or path == "/metrics"):
         await data_plane(scope, receive, send)
     elif settings.ROLE != "inference":
         await django_app(scope, receive, send)

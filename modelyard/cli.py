@@ -55,9 +55,14 @@ def worker(args: argparse.Namespace) -> int:
 
 def beat(args: argparse.Namespace) -> int:
     _setup()
+    from django.conf import settings
+
     from modelyard.celery import app
 
-    app.start(["beat", "--loglevel", args.log_level])
+    # Celery's default is ./celerybeat-schedule, in whatever folder beat was started from: a
+    # read-only image or a folder that the next start does not share. The data folder is writable.
+    schedule = args.schedule or str(settings.DATA_DIR / "celerybeat-schedule")
+    app.start(["beat", "--loglevel", args.log_level, "--schedule", schedule])
     return 0
 
 
@@ -296,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("beat", help="run Celery beat for periodic sweeps and garbage collection")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--schedule", default=None, help="state file (default: $MODELYARD_DATA_DIR/celerybeat-schedule)")
     p.set_defaults(func=beat)
 
     p = sub.add_parser("createtoken", help="create an API token; prints it as the last line")

@@ -33,6 +33,11 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("MODELYARD_DATA_DIR") or Path.cwd() / ".modelyard").resolve()
 
 SECRET_KEY = env_str("MODELYARD_SECRET_KEY") or load_or_create_secret(DATA_DIR / "secret_key")
+if "REPLACE-ME" in SECRET_KEY:  # deploy/k8s/base/secret.example.yaml applied as it is: a key the world knows
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("MODELYARD_SECRET_KEY: still the example Secret's placeholder; set a long random one")
+
 DEBUG = env_bool("MODELYARD_DEBUG", False)
 ALLOWED_HOSTS = env_list("MODELYARD_ALLOWED_HOSTS", ["*"])
 CSRF_TRUSTED_ORIGINS = env_list("MODELYARD_CSRF_TRUSTED_ORIGINS", [])
@@ -126,9 +131,12 @@ LOGIN_MAX_FAILURES_PER_IP = env_int("MODELYARD_LOGIN_MAX_FAILURES_PER_IP", 20, m
 LOGIN_LOCKOUT_SECONDS = env_int("MODELYARD_LOGIN_LOCKOUT_SECONDS", 900, minimum=1)
 
 # --- Artifacts -------------------------------------------------------------------------------
-STORAGE = storage_from_url(
-    "MODELYARD_STORAGE_URL", env_str("MODELYARD_STORAGE_URL") or (DATA_DIR / "artifacts").as_uri()
-)
+_storage_url = env_str("MODELYARD_STORAGE_URL")
+STORAGE = storage_from_url("MODELYARD_STORAGE_URL", _storage_url or (DATA_DIR / "artifacts").as_uri())
+if not _storage_url:
+    # The embedded folder exists from the start, so /readyz is ready before the first upload; a
+    # configured folder is the operator's to provide, and /readyz says when it is missing.
+    (DATA_DIR / "artifacts").mkdir(parents=True, exist_ok=True)
 S3_ENDPOINT_URL = env_str("MODELYARD_S3_ENDPOINT_URL") or None
 S3_REGION = env_str("MODELYARD_S3_REGION") or None
 S3_ADDRESSING_STYLE = env_str("MODELYARD_S3_ADDRESSING_STYLE", "auto")
@@ -208,6 +216,10 @@ _cache_url = env_str("MODELYARD_CACHE_URL") or (
     BROKER_URL if BROKER_URL and BROKER_URL.startswith(("redis://", "rediss://")) else None
 )
 CACHES = cache_from_url("MODELYARD_CACHE_URL", _cache_url)
+
+# --- Health ----------------------------------------------------------------------------------
+# /readyz waits this long for each of the database, storage and broker checks (they run side by side).
+READY_TIMEOUT_SECONDS = env_float("MODELYARD_READY_TIMEOUT_SECONDS", 2.0, minimum=0.05)
 
 # --- API -------------------------------------------------------------------------------------
 # Requests per token (or per signed-in browser session), and per client address for requests
@@ -297,6 +309,9 @@ V2_RATE = parse_rate(_v2_rate) if _v2_rate else None  # (requests, period in sec
 V2_TOKEN_CACHE_ENTRIES = env_int("MODELYARD_V2_TOKEN_CACHE_ENTRIES", 10_000, minimum=1)
 RECONCILE_POLL_SECONDS = env_float("MODELYARD_RECONCILE_POLL_SECONDS", 5.0, minimum=0.05)
 FLEET_HEARTBEAT_SECONDS = env_float("MODELYARD_FLEET_HEARTBEAT_SECONDS", 5.0, minimum=0.05)
+# An inference process that went offline without a clean stop is named as lagging by ?wait= until
+# it has been silent this long (a clean stop leaves the fleet at once).
+FLEET_FORGET_SECONDS = env_float("MODELYARD_FLEET_FORGET_SECONDS", 3600.0, minimum=0)
 CACHE_DIR = Path(env_str("MODELYARD_CACHE_DIR") or DATA_DIR / "cache")
 CACHE_MAX_BYTES = env_int("MODELYARD_CACHE_MAX_BYTES", 20 * 1024**3, minimum=1)
 WORKER_ID = env_str("MODELYARD_WORKER_ID") or ""

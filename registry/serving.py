@@ -258,12 +258,14 @@ class FleetWorker:
     errors: tuple[str, ...]
 
 
-def fleet_list(*, online_only: bool = False) -> list[FleetWorker]:
-    """Every worker that has reported (or only the online ones), by worker id; one query."""
+def fleet_list(*, online_only: bool = False, seen_within: timedelta | None = None) -> list[FleetWorker]:
+    """Every worker that has reported (only the online ones, or those heard from within ``seen_within``); one query."""
     now = timezone.now()
     workers = InferenceWorker.objects.order_by("worker_id")
     if online_only:
         workers = workers.filter(heartbeat_at__gte=now - offline_after())
+    elif seen_within is not None:
+        workers = workers.filter(heartbeat_at__gte=now - seen_within)
     return [
         FleetWorker(
             worker_id=worker.worker_id,
@@ -281,13 +283,16 @@ def fleet_list(*, online_only: bool = False) -> list[FleetWorker]:
     ]
 
 
+OFFLINE = "offline"
+
+
 @dataclass(frozen=True)
 class Laggard:
-    """An online worker that does not serve the version under the alias yet, and why, as far as it says."""
+    """A worker that does not serve the version under the alias yet, and why, as far as it says."""
 
     worker_id: str
     serving: int | None  # the version it serves under the alias now, if any
-    state: str  # the version's load state in that worker, or "not loaded"
+    state: str  # the version's load state in that worker, "not loaded", or "offline"
     error: str
 
     def as_json(self) -> dict[str, Any]:
@@ -295,32 +300,47 @@ class Laggard:
 
 
 def fleet_laggards(*, model: str, alias: str, version: int) -> list[Laggard]:
-    """Online inference workers that do not yet serve ``version`` under ``alias``."""
+    """Inference workers that do not serve ``version`` under ``alias``.
+
+    Online workers that have not loaded it (yet, or at all), and workers that went offline within
+    ``MODELYARD_FLEET_FORGET_SECONDS`` without leaving the fleet: cut off from the registry, they may
+    well go on serving their last version to whoever still reaches them, which is what an operator
+    waiting on a promotion needs to hear. A cleanly stopped worker has left the fleet.
+    """
     behind = []
-    for worker in fleet_list(online_only=True):
+    for worker in fleet_list(seen_within=timedelta(seconds=settings.FLEET_FORGET_SECONDS)):
         serving = [
             row for row in worker.loaded if row.model == model and alias in row.aliases and row.state == LoadState.READY
         ]
         if any(row.version == version for row in serving):
             continue
-        tried = [row for row in worker.loaded if row.model == model and row.version == version]
+        if not worker.online:
+            state, error = OFFLINE, f"no heartbeat since {worker.heartbeat_at.isoformat()}"
+        else:
+            tried = [row for row in worker.loaded if row.model == model and row.version == version]
+            state = tried[0].state.value if tried else "not loaded"
+            error = tried[0].error if tried else ""
         behind.append(
             Laggard(
                 worker_id=worker.worker_id,
                 serving=serving[0].version if serving else None,
-                state=tried[0].state.value if tried else "not loaded",
-                error=tried[0].error if tried else "",
+                state=state,
+                error=error,
             )
         )
     return behind
 
 
 def fleet_wait(*, model: str, alias: str, version: int, timeout: float) -> list[Laggard]:
-    """Poll the fleet until every online worker serves the version; returns the laggards left."""
+    """Poll the fleet until every online worker serves the version; returns the laggards left.
+
+    Offline workers cannot catch up while they are cut off, so they do not hold the wait up; they
+    are named among the laggards all the same.
+    """
     deadline = time.monotonic() + timeout
     while True:
         behind = fleet_laggards(model=model, alias=alias, version=version)
-        if not behind or time.monotonic() >= deadline:
+        if all(lag.state == OFFLINE for lag in behind) or time.monotonic() >= deadline:
             return behind
         time.sleep(0.1)
 

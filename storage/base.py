@@ -60,6 +60,10 @@ class ArtifactStorage(Protocol):
     def list(self, prefix: str = "") -> Iterator[StoredObject]: ...
 
 
+    def check(self) -> None:
+        """Raise StorageUnavailable, saying why, when the folder or bucket cannot be used now (for /readyz)."""
+
+
 class HashingReader:
     """A read-only, forward-only stream that hashes and counts what passes through it.
 

@@ -9,7 +9,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import BinaryIO
 
-from storage.base import CHUNK_SIZE, HashingReader, ObjectExists, ObjectNotFound, StoredObject, WriteResult
+from storage.base import (
+    CHUNK_SIZE,
+    HashingReader,
+    ObjectExists,
+    ObjectNotFound,
+    StorageUnavailable,
+    StoredObject,
+    WriteResult,
+)
 
 _TMP_PREFIX = ".incoming-"
 
@@ -78,3 +86,11 @@ class LocalStorage:
                 yield StoredObject(
                     key=key, size=stat.st_size, last_modified=datetime.fromtimestamp(stat.st_mtime, tz=UTC)
                 )
+
+    def check(self) -> None:
+        # Writes would create a missing folder, but a configured folder that has gone (an unmounted
+        # volume, a typo) would then fill up an empty one that no other process sees: say so instead.
+        if not self.root.is_dir():
+            raise StorageUnavailable(f"folder {self.root} does not exist")
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise StorageUnavailable(f"folder {self.root} is not writable")

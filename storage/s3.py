@@ -120,3 +120,16 @@ class S3Storage:
                     )
         except (BotoCoreError, ClientError) as exc:
             raise _unavailable(exc) from exc
+
+    def check(self) -> None:
+        # The same request list() makes (the garbage collector needs it anyway), so it works with
+        # the permissions and on the S3-compatible stores that already work.
+        try:
+            self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix, MaxKeys=1)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code == "NoSuchBucket":
+                raise StorageUnavailable(f"bucket {self.bucket} does not exist") from exc
+            raise _unavailable(exc) from exc
+        except BotoCoreError as exc:
+            raise _unavailable(exc) from exc

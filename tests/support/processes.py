@@ -47,14 +47,25 @@ class ServeProcess:
     """One ``modelyard serve`` process in a process group of its own, killed with the group at the end."""
 
     def __init__(
-        self, name: str, role: str, env: dict[str, str], log_path: Path, *, args: tuple[str, ...] = ()
+        self,
+        name: str,
+        role: str,
+        env: dict[str, str],
+        log_path: Path,
+        *,
+        args: tuple[str, ...] = (),
+        host: str = "127.0.0.1",
+        netns: str | None = None,
     ) -> None:
         self.name = name
         self.role = role
+        self.host = host
         self.port = free_port()
         self.log_path = log_path
         argv = [sys.executable, "-m", "modelyard.cli", "serve", "--role", role, "--port", str(self.port)]
-        argv += ["--log-level", "warning", *args]
+        argv += ["--host", host, "--log-level", "warning", *args]
+        if netns:  # a host of its own (tests/inference/test_fleet_hosts.py)
+            argv = ["ip", "netns", "exec", netns, *argv]
         with log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -62,7 +73,7 @@ class ServeProcess:
 
     @property
     def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -71,7 +82,7 @@ class ServeProcess:
         self, method: str, path: str, body: Any = None, *, token: str | None = None, timeout: float = 30
     ) -> tuple[int, Any]:
         """One HTTP request on a fresh connection; returns (status, JSON body or raw text)."""
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         headers = {"Content-Type": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
