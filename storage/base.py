@@ -59,7 +59,6 @@ class ArtifactStorage(Protocol):
 
     def list(self, prefix: str = "") -> Iterator[StoredObject]: ...
 
-
     def check(self) -> None:
         """Raise StorageUnavailable, saying why, when the folder or bucket cannot be used now (for /readyz)."""
 
