@@ -255,14 +255,9 @@ class InferenceRuntime:
             self._close_connection()
 
     def _leave_fleet(self) -> None:
-        """On a clean stop, delete this process's fleet row: ``?wait=`` then neither waits for nor names it.
-
-        Only a process that vanished without stopping (killed, cut off) stays in the fleet, offline.
-        """
-        from registry.models import InferenceWorker
-
+        """On a clean stop, leave the fleet (``registry.serving.worker_leave``)."""
         try:
-            InferenceWorker.objects.filter(worker_id=self.worker_id).delete()
+            serving.worker_leave(self.worker_id)
         except DatabaseError as exc:
             logger.warning("could not leave the fleet: %s", exc)
 

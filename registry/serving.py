@@ -60,6 +60,7 @@ __all__ = [
     "token_may_infer",
     "token_shaped",
     "worker_heartbeat",
+    "worker_leave",
 ]
 
 
@@ -228,6 +229,15 @@ def worker_heartbeat(report: WorkerReport) -> None:
             "heartbeat_at": timezone.now(),
         },
     )
+
+
+def worker_leave(worker_id: str) -> None:
+    """A cleanly stopping worker leaves the fleet: ``?wait=`` then neither waits for nor names it.
+
+    Only a process that vanished without stopping (killed, cut off) stays in the fleet, offline.
+    Raises DatabaseError when the database is away.
+    """
+    InferenceWorker.objects.filter(worker_id=worker_id).delete()
 
 
 # --- The fleet -------------------------------------------------------------------------------------
