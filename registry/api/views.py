@@ -19,7 +19,7 @@ from registry import selectors, services
 from registry.api.multipart import MultipartUpload
 from registry.api.serializers import ModelCreateInput, ModelSerializer, ModelUpdateInput, VersionSerializer
 from registry.audit import actor_from_request
-from registry.errors import InvalidInput, PayloadTooLarge
+from registry.errors import InvalidInput, NotFound, PayloadTooLarge
 from registry.models import ModelVersion, RegisteredModel
 from registry.uploads import version_upload
 from storage import get_storage
@@ -113,10 +113,22 @@ class VersionDetail(APIView):
 
 
 class VersionDownload(APIView):
-    @extend_schema(responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("file", str, description="one of the version's files by name (default: the .onnx model)")
+        ],
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
+    )
     def get(self, request: Request, name: str, version: int) -> FileResponse:
         found = _get_version(name, version)
-        model_file = found.model_file
+        file_name = request.query_params.get("file")
+        if file_name is None:
+            model_file = found.model_file
+        else:
+            # Each file of a bundle on its own, so that clients fetch external data (and resume) file by file.
+            model_file = found.files.filter(name=file_name).first()
+            if model_file is None:
+                raise NotFound(f"version {found.version} of model '{name}' has no file '{file_name}'")
         stream = get_storage().open(model_file.storage_key)
         response = FileResponse(stream, as_attachment=True, filename=model_file.name)
         response["Content-Length"] = str(model_file.size_bytes)
