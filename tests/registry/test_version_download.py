@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 
 import pytest
 
@@ -35,3 +36,26 @@ def test_download_by_name_needs_credentials(owner, registered, client):
     owner.upload(registered, [("model.onnx", add_model_bytes())])
     response = client.get(f"/api/v1/models/{registered}/versions/1/download?file=model.onnx")
     assert response.status_code == 401
+
+
+def test_a_download_streams_block_by_block_under_asgi():
+    """Django's ASGI path reads a whole FileResponse into memory before its first byte; a model can be gigabytes."""
+    from asgiref.sync import async_to_sync
+
+    from registry.api.responses import StreamingFileResponse
+
+    block = StreamingFileResponse.block_size
+    log = []
+
+    class Stored(io.BytesIO):
+        def read(self, size=-1):
+            data = super().read(size)
+            log.append(f"read {len(data)}")
+            return data
+
+    async def consume():
+        async for part in StreamingFileResponse(Stored(b"x" * (2 * block + 10))):
+            log.append(f"sent {len(part)}")
+
+    async_to_sync(consume)()
+    assert log == [f"read {block}", f"sent {block}", f"read {block}", f"sent {block}", "read 10", "sent 10", "read 0"]
