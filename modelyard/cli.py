@@ -1,4 +1,9 @@
-"""The ``modelyard`` command line: serve, worker, createtoken, revoketoken, and any management command via manage."""
+"""The ``modelyard`` command line.
+
+Operator commands (serve, worker, beat, createtoken, revoketoken, demo, manage) run the server's
+code here; the user commands (login, push, promote, pull, infer, audit, ...) are in
+``modelyard.client.commands`` and talk to a server over HTTP, so they never load Django.
+"""
 
 from __future__ import annotations
 
@@ -338,6 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("manage", help="run a Django management command")
     p.add_argument("manage_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=manage)
+
+    from modelyard.client.commands import add_commands
+
+    add_commands(sub)
     return parser
 
 

@@ -18,6 +18,7 @@ urlpatterns = [
     path("promotions/<int:pk>/approve", alias_views.PromotionApprove.as_view(), name="promotion-approve"),
     path("promotions/<int:pk>/reject", alias_views.PromotionReject.as_view(), name="promotion-reject"),
     path("promotions/<int:pk>/cancel", alias_views.PromotionCancel.as_view(), name="promotion-cancel"),
+    path("me", token_views.Me.as_view(), name="me"),
     path("tokens", token_views.TokenListCreate.as_view(), name="token-list"),
     path("tokens/<str:prefix>", token_views.TokenDetail.as_view(), name="token-detail"),
     path("webhooks", webhook_views.WebhookListCreate.as_view(), name="webhook-list"),

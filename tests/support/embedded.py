@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from modelyard.processes import kill_group
@@ -69,3 +70,49 @@ class EmbeddedServer:
 
     def stop(self) -> None:
         kill_group(self.process, timeout=30)
+
+
+def modelyard(
+    env: dict[str, str], *args: str, stdin: str | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run one ``modelyard`` command as a user would; returns its exit status and output."""
+    return subprocess.run(
+        [MODELYARD, *args], env=env, input=stdin, capture_output=True, text=True, timeout=180, cwd=cwd
+    )
+
+
+@dataclass
+class LiveServer:
+    """An embedded server and the environment of a user beside it (their own HOME, so their own profiles)."""
+
+    server: EmbeddedServer
+    env: dict[str, str]
+    folder: Path
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def run(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return modelyard(self.env, *args, stdin=stdin, cwd=self.folder)
+
+    def createtoken(self, username: str, *roles: str) -> str:
+        argv = ["createtoken", username, "--create-user"]
+        for role in roles:
+            argv += ["--role", role]
+        done = self.run(*argv)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip().splitlines()[-1]
+
+
+def start_live_server(folder: Path, **settings: str) -> LiveServer:
+    """``modelyard serve`` on a fresh data folder in ``folder``, with ``settings`` in its environment."""
+    folder.mkdir(parents=True, exist_ok=True)
+    env = embedded_env(folder / "data", folder / "home", MODELYARD_PROVIDERS="cpu", **settings)
+    server = EmbeddedServer(env, folder / "serve.log", cwd=folder)
+    try:
+        server.wait_ready()
+    except BaseException:
+        server.stop()
+        raise
+    return LiveServer(server=server, env={**env, "MODELYARD_URL": server.url}, folder=folder)
