@@ -233,13 +233,19 @@ def cmd_approve(args: argparse.Namespace, client: Client) -> int:
 
 def cmd_reject(args: argparse.Namespace, client: Client) -> int:
     promotion = client.reject(args.id, reason=args.reason)
-    _print_json(promotion.raw) if args.json else print(f"Rejected {_describe_promotion(promotion)}.")
+    if args.json:
+        _print_json(promotion.raw)
+    else:
+        print(f"Rejected {_describe_promotion(promotion)}.")
     return 0
 
 
 def cmd_cancel(args: argparse.Namespace, client: Client) -> int:
     promotion = client.cancel(args.id, reason=args.reason)
-    _print_json(promotion.raw) if args.json else print(f"Cancelled {_describe_promotion(promotion)}.")
+    if args.json:
+        _print_json(promotion.raw)
+    else:
+        print(f"Cancelled {_describe_promotion(promotion)}.")
     return 0
 
 
@@ -398,7 +404,10 @@ def cmd_webhooks_add(args: argparse.Namespace, client: Client) -> int:
 
 def cmd_webhooks_remove(args: argparse.Namespace, client: Client) -> int:
     client.delete_webhook(args.id)
-    _print_json({"deleted": args.id}) if args.json else print(f"Removed webhook {args.id}.")
+    if args.json:
+        _print_json({"deleted": args.id})
+    else:
+        print(f"Removed webhook {args.id}.")
     return 0
 
 
