@@ -1,5 +1,6 @@
-"""Modelyard: a model registry and serving control plane for ONNX."""
+"""Modelyard: a model registry and serving control plane for ONNX.
 
-from modelyard.celery import app as celery_app
-
-__all__ = ["celery_app"]
+This package's root imports nothing: ``modelyard.client`` (the Python client, and the user commands
+built on it) must import without Django or Celery. The Celery app is made the current one by
+``modelyard.settings``, which every process that runs Django loads.
+"""

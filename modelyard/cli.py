@@ -1,4 +1,9 @@
-"""The ``modelyard`` command line: serve, worker, createtoken, revoketoken, and any management command via manage."""
+"""The ``modelyard`` command line.
+
+Operator commands (serve, worker, beat, createtoken, revoketoken, demo, manage) run the server's
+code here; the user commands (login, push, promote, pull, infer, audit, ...) are in
+``modelyard.client.commands`` and talk to a server over HTTP, so they never load Django.
+"""
 
 from __future__ import annotations
 
@@ -14,14 +19,32 @@ def _setup() -> None:
     django.setup()
 
 
+def _migrate() -> None:
+    """Apply migrations while holding an exclusive lock on the data folder.
+
+    ``serve``, ``createtoken`` and ``demo`` all migrate the embedded database on a first start, and
+    a newcomer starts them together: two migrators on one fresh database each try to create the
+    same tables, and one crashes (``table ... already exists``). The second waits here, then finds
+    nothing left to apply. The kernel drops the lock if its holder dies.
+    """
+    import fcntl
+
+    from django.conf import settings
+    from django.core.management import call_command
+
+    settings.DATA_DIR.mkdir(parents=True, exist_ok=True)
+    with (settings.DATA_DIR / "migrate.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        call_command("migrate", interactive=False, verbosity=0)
+
+
 def serve(args: argparse.Namespace) -> int:
     os.environ["MODELYARD_ROLE"] = args.role
     _setup()
     from django.conf import settings
-    from django.core.management import call_command
 
     if settings.EMBEDDED_DATABASE or args.migrate:
-        call_command("migrate", interactive=False, verbosity=0)
+        _migrate()
     import uvicorn
 
     if settings.BROKER_URL is None:
@@ -69,10 +92,9 @@ def beat(args: argparse.Namespace) -> int:
 def createtoken(args: argparse.Namespace) -> int:
     _setup()
     from django.conf import settings
-    from django.core.management import call_command
 
     if settings.EMBEDDED_DATABASE:
-        call_command("migrate", interactive=False, verbosity=0)
+        _migrate()
     from datetime import timedelta
 
     from registry import services
@@ -101,10 +123,9 @@ def createtoken(args: argparse.Namespace) -> int:
 def revoketoken(args: argparse.Namespace) -> int:
     _setup()
     from django.conf import settings
-    from django.core.management import call_command
 
     if settings.EMBEDDED_DATABASE:
-        call_command("migrate", interactive=False, verbosity=0)
+        _migrate()
     from registry import services
     from registry.audit import SYSTEM
     from registry.models import ApiToken
@@ -149,7 +170,6 @@ def demo(args: argparse.Namespace) -> int:
     import numpy as np
     from django.conf import settings
     from django.contrib.auth import get_user_model
-    from django.core.management import call_command
     from onnx import TensorProto, helper, numpy_helper
 
     from registry import promotions, services, serving
@@ -167,7 +187,7 @@ def demo(args: argparse.Namespace) -> int:
     from registry.models import VersionStatus as Status
     from registry.uploads import LocalUpload, version_upload
 
-    call_command("migrate", interactive=False, verbosity=0)
+    _migrate()
     for noisy in ("celery", "kombu"):  # in-process validation logs every task; the newcomer needs none of it
         logging.getLogger(noisy).setLevel(logging.ERROR)
 
@@ -323,6 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("manage", help="run a Django management command")
     p.add_argument("manage_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=manage)
+
+    from modelyard.client.commands import add_commands
+
+    add_commands(sub)
     return parser
 
 

@@ -243,10 +243,16 @@ def load_or_create_secret(path: Path) -> str:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
     secret = get_random_secret_key()
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another process won the race
-        return path.read_text().strip()
+    # Written whole under a private name, then linked into place: a process starting at the same
+    # moment either finds no file or the complete key, never an empty file it would read as "".
+    draft = path.with_name(f".{path.name}.{os.getpid()}")
+    fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(secret)
+    try:
+        os.link(draft, path)
+    except FileExistsError:  # another process won the race with a key that is complete
+        return path.read_text().strip()
+    finally:
+        draft.unlink()
     return secret

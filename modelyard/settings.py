@@ -207,7 +207,18 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "expire-promotions": {"task": "registry.tasks.expire_promotions", "schedule": 300.0},
     "collect-orphaned-artifacts": {"task": "registry.tasks.collect_orphaned_artifacts", "schedule": 3600.0},
     "summarise-auth-failures": {"task": "registry.tasks.summarise_auth_failures", "schedule": 60.0},
+    "retry-webhook-deliveries": {"task": "registry.tasks.retry_webhook_deliveries", "schedule": 30.0},
 }
+
+# --- Webhooks --------------------------------------------------------------------------------
+# Deliveries to loopback and private addresses (10/8, 172.16/12, 192.168/16, fc00::/7, ...) only when
+# set; link-local and cloud metadata addresses never (registry/outbound.py).
+WEBHOOK_ALLOW_PRIVATE = env_bool("MODELYARD_WEBHOOK_ALLOW_PRIVATE", False)
+# One attempt's limit, from connecting to the end of the answer's first KiB.
+WEBHOOK_TIMEOUT_SECONDS = env_float("MODELYARD_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+# Attempts per delivery before it ends failed; a retry waits RETRY_SECONDS, doubling each time, at most an hour.
+WEBHOOK_MAX_ATTEMPTS = env_int("MODELYARD_WEBHOOK_MAX_ATTEMPTS", 8, minimum=1)
+WEBHOOK_RETRY_SECONDS = env_float("MODELYARD_WEBHOOK_RETRY_SECONDS", 30.0, minimum=0)
 
 # --- Cache -----------------------------------------------------------------------------------
 # Holds the API throttling counters. Redis when MODELYARD_CACHE_URL (or else a redis:// broker) is
@@ -316,3 +327,7 @@ CACHE_DIR = Path(env_str("MODELYARD_CACHE_DIR") or DATA_DIR / "cache")
 CACHE_MAX_BYTES = env_int("MODELYARD_CACHE_MAX_BYTES", 20 * 1024**3, minimum=1)
 WORKER_ID = env_str("MODELYARD_WORKER_ID") or ""
 DRAIN_TIMEOUT_SECONDS = env_float("MODELYARD_DRAIN_TIMEOUT_SECONDS", 30.0, minimum=0)
+
+# The Celery app becomes the current one in every process that loads these settings, so that the
+# registry's tasks queue to it (the package root imports nothing, for the sake of modelyard.client).
+from modelyard.celery import app as celery_app  # noqa: E402, F401

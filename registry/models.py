@@ -1,4 +1,4 @@
-"""Registry rows: models, their versions and files, API tokens, and the audit chain."""
+"""Registry rows: models, their versions and files, API tokens, the audit chain, and webhooks with their deliveries."""
 
 from __future__ import annotations
 
@@ -366,3 +366,69 @@ class InferenceWorker(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+class WebhookEvent(models.TextChoices):
+    """What a webhook can be told about."""
+
+    VERSION_READY = "version.ready"
+    VERSION_FAILED = "version.failed"
+    PROMOTION_REQUESTED = "promotion.requested"
+    PROMOTION_APPROVED = "promotion.approved"
+    PROMOTION_REJECTED = "promotion.rejected"
+    ALIAS_MOVED = "alias.moved"
+
+
+class Webhook(models.Model):
+    """An endpoint an admin registered: where to POST which events (of one model, or of all), signed with its secret."""
+
+    url = models.CharField(max_length=2000)
+    # Kept as it is: each delivery is signed with it (HMAC). The API never shows it after creation.
+    secret = models.CharField(max_length=200)
+    events = models.JSONField(default=list)
+    # Only this model's events; null for every model's.
+    model = models.ForeignKey(RegisteredModel, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
+    active = models.BooleanField(default=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"webhook {self.pk} -> {self.url}"
+
+
+class DeliveryStatus(models.TextChoices):
+    PENDING = "pending"  # waiting for its first attempt, or for the next one (next_attempt_at)
+    SENDING = "sending"  # claimed by a worker that is sending it now
+    DELIVERED = "delivered"  # the endpoint answered 2xx
+    FAILED = "failed"  # every attempt failed, or the webhook was disabled
+
+
+class WebhookDelivery(models.Model):
+    """One event for one webhook: the exact body sent, each attempt counted, and how the last one went."""
+
+    webhook = models.ForeignKey(Webhook, on_delete=models.CASCADE, related_name="deliveries")
+    # Sent as Modelyard-Delivery and in the body, the same on every attempt, so receivers can drop repeats.
+    uuid = models.UUIDField(unique=True)
+    event = models.CharField(max_length=32, choices=WebhookEvent.choices)
+    model_name = models.CharField(max_length=64)
+    version = models.PositiveIntegerField(null=True, blank=True)
+    body = models.TextField()  # the JSON signed and sent, byte for byte
+    status = models.CharField(max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField(null=True, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    last_status_code = models.PositiveIntegerField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["status", "next_attempt_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.event} for webhook {self.webhook_id} ({self.status})"

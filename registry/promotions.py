@@ -15,7 +15,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from registry import notify
+from registry import notify, webhooks
 from registry.audit import SYSTEM, Actor, audit_record
 from registry.auth import has_role
 from registry.errors import Conflict, InvalidInput, NotFound, PermissionDenied
@@ -31,6 +31,7 @@ from registry.models import (
     RegisteredModel,
     Role,
     VersionStatus,
+    WebhookEvent,
 )
 from registry.signatures import signature_diff
 
@@ -103,6 +104,7 @@ def _move(
         moved_at=timezone.now(),
         promotion=promotion,
     )
+    from_version = alias.version.version if alias.version else None
     alias.version = to
     alias.save(update_fields=["version", "updated_at"])
     audit_record(
@@ -120,7 +122,37 @@ def _move(
         },
     )
     _notify_after_commit(alias)
+    webhooks.emit(
+        WebhookEvent.ALIAS_MOVED,
+        model=alias.model,
+        version=to.version,
+        details={
+            "alias": alias.name,
+            "from_version": from_version,
+            "to_version": to.version,
+            "kind": kind,
+            "reason": reason,
+            "forced": forced,
+            "moved_by": actor.name,
+            "promotion": promotion.pk if promotion else None,
+        },
+    )
     return move
+
+
+def _emit_promotion(event: WebhookEvent, promotion: PromotionRequest, **details: Any) -> None:
+    webhooks.emit(
+        event,
+        model=promotion.alias.model,
+        version=promotion.version.version if promotion.version else None,
+        details={
+            "promotion": promotion.pk,
+            "kind": promotion.kind,
+            "alias": promotion.alias.name,
+            "requested_by": promotion.requested_by.get_username(),
+            **details,
+        },
+    )
 
 
 def _check_signature(alias: Alias, version: ModelVersion, *, force: bool, reason: str) -> bool:
@@ -179,6 +211,14 @@ def alias_set(
             model_name=model.name,
             before=_alias_state(alias),
             after={"alias": alias.name, "version": version.version, "reason": reason, "forced": forced},
+        )
+        _emit_promotion(
+            WebhookEvent.PROMOTION_REQUESTED,
+            promotion,
+            reason=reason,
+            forced=forced,
+            base_version=alias.version.version if alias.version else None,
+            expires_at=promotion.expires_at.isoformat(),
         )
         return AliasOutcome(alias=alias, promotion=promotion)
     move = _move(alias=alias, to=version, actor=actor, kind=AliasMoveKind.SET, reason=reason, forced=forced)
@@ -288,6 +328,14 @@ def _request_unprotect(alias: Alias, actor: Actor, reason: str) -> PromotionRequ
         before={"protected": True},
         after={"alias": alias.name, "kind": PromotionKind.UNPROTECT, "protected": False, "reason": reason},
     )
+    _emit_promotion(
+        WebhookEvent.PROMOTION_REQUESTED,
+        promotion,
+        reason=reason,
+        forced=False,
+        base_version=alias.version.version if alias.version else None,
+        expires_at=promotion.expires_at.isoformat(),
+    )
     return promotion
 
 
@@ -327,6 +375,13 @@ _DECISION_ACTIONS: dict[str, str] = {
 }
 
 
+# Decisions that webhooks hear of (a cancelled or expired request changes nothing anyone waits for).
+_DECISION_EVENTS: dict[str, WebhookEvent] = {
+    PromotionState.APPROVED: WebhookEvent.PROMOTION_APPROVED,
+    PromotionState.REJECTED: WebhookEvent.PROMOTION_REJECTED,
+}
+
+
 def _decide(promotion: PromotionRequest, state: str, actor: Actor, reason: str) -> None:
     promotion.state = state
     promotion.decided_by = actor.user
@@ -342,6 +397,9 @@ def _decide(promotion: PromotionRequest, state: str, actor: Actor, reason: str) 
         before={"state": PromotionState.PENDING},
         after={"state": state, "reason": reason},
     )
+    event = _DECISION_EVENTS.get(state)
+    if event is not None:
+        _emit_promotion(event, promotion, decided_by=actor.name, reason=reason)
 
 
 @transaction.atomic(durable=True)

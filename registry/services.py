@@ -17,6 +17,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from registry import webhooks
 from registry.audit import SYSTEM, Actor, audit_record
 from registry.errors import Conflict, InvalidInput, NotFound
 from registry.models import (
@@ -28,6 +29,7 @@ from registry.models import (
     RegisteredModel,
     Role,
     VersionStatus,
+    WebhookEvent,
 )
 from registry.promotions import alias_create_defaults
 from registry.validation import ValidationResult
@@ -252,6 +254,19 @@ def version_record_validation(*, version_id: int, result: ValidationResult) -> M
         model_name=version.model.name,
         before={"status": VersionStatus.VALIDATING},
         after={"status": version.status, "errors": result.errors},
+    )
+    webhooks.emit(
+        WebhookEvent.VERSION_READY if result.ok else WebhookEvent.VERSION_FAILED,
+        model=version.model,
+        version=version.version,
+        details={
+            "status": version.status,
+            "sha256": version.sha256,
+            "size_bytes": version.size_bytes,
+            "signature": version.signature,
+            "errors": version.errors,
+            "warnings": version.warnings,
+        },
     )
     return version
 

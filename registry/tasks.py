@@ -14,7 +14,7 @@ from typing import Any
 from celery import shared_task
 from django.conf import settings
 
-from registry import artifacts, audit, inprocess, promotions, selectors, services, validation_job
+from registry import artifacts, audit, inprocess, promotions, selectors, services, validation_job, webhooks
 from registry.models import ModelVersion
 from storage import StorageUnavailable
 
@@ -68,6 +68,20 @@ def summarise_auth_failures() -> int:
         handled = audit.audit_auth_failures_summarise()
         total += handled
     return total
+
+
+@shared_task(acks_late=True, reject_on_worker_lost=True)
+def deliver_webhook(delivery_id: int) -> str:
+    """One attempt of one webhook delivery; a failure is retried later by :func:`retry_webhook_deliveries`."""
+    return webhooks.delivery_attempt(delivery_id=delivery_id)
+
+
+@shared_task
+def retry_webhook_deliveries() -> list[int]:
+    """Queue the webhook deliveries whose next attempt is due (retries, and any whose queueing was lost)."""
+    due = webhooks.deliveries_due()
+    webhooks.deliveries_queue(due)
+    return due
 
 
 # --- Queueing ------------------------------------------------------------------------------------

@@ -70,6 +70,15 @@ class MoveSerializer(serializers.ModelSerializer[AliasMove]):
         fields = ["from_version", "to_version", "kind", "reason", "forced", "moved_by", "moved_at", "promotion"]
 
 
+class AliasSetAnswer(AliasSerializer):
+    """The answer to a direct move: the alias, and the move made (null when it already pointed there)."""
+
+    move = MoveSerializer(allow_null=True)
+
+    class Meta(AliasSerializer.Meta):
+        fields = [*AliasSerializer.Meta.fields, "move"]
+
+
 class AliasSetInput(serializers.Serializer[Any]):
     version = serializers.IntegerField(min_value=1)
     reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
@@ -94,6 +103,21 @@ def _slug(value: str, what: str) -> str:
     if not re.match(NAME_PATTERN, value):
         raise InvalidInput(f"invalid {what} '{value}': use lowercase letters, digits, '.', '_' or '-'")
     return value
+
+
+def _fleet_laggards(model: str, alias: str, version: int, wait: float, done: str) -> Response | None:
+    """Wait until every live inference process serves ``version`` behind the alias; a 504 naming those that do not."""
+    behind = serving.fleet_wait(model=model, alias=alias, version=version, timeout=wait)
+    if not behind:
+        return None
+    message = f"{len(behind)} inference worker(s) did not serve version {version} within {wait:g} s; {done}"
+    return Response(
+        error_body(message, {"laggards": [laggard.as_json() for laggard in behind]}),
+        status=status.HTTP_504_GATEWAY_TIMEOUT,
+    )
+
+
+WAIT_PARAMETER = OpenApiParameter("wait", float, description="seconds to wait until every live worker serves it")
 
 
 def _wait_seconds(request: Request) -> float | None:
@@ -123,9 +147,7 @@ class AliasDetail(APIView):
         return Response(AliasSerializer(get_object_or_404(selectors.alias_list(model=model), name=alias)).data)
 
     @extend_schema(
-        request=AliasSetInput,
-        parameters=[OpenApiParameter("wait", float, description="seconds to wait until every live worker serves it")],
-        responses={200: AliasSerializer, 202: PromotionSerializer},
+        request=AliasSetInput, parameters=[WAIT_PARAMETER], responses={200: AliasSetAnswer, 202: PromotionSerializer}
     )
     def put(self, request: Request, name: str, alias: str) -> Response:
         model = get_object_or_404(RegisteredModel, name=name)
@@ -144,17 +166,13 @@ class AliasDetail(APIView):
             return Response(PromotionSerializer(outcome.promotion).data, status=status.HTTP_202_ACCEPTED)
         outcome.alias.refresh_from_db()
         body = AliasSerializer(outcome.alias).data
+        # The move this request made; null when the alias already pointed at the version.
+        body["move"] = MoveSerializer(outcome.move).data if outcome.move is not None else None
         if wait is not None and outcome.alias.served:
-            behind = serving.fleet_wait(model=name, alias=alias, version=data.validated_data["version"], timeout=wait)
-            if behind:
-                message = (
-                    f"{len(behind)} inference worker(s) did not serve version {data.validated_data['version']} "
-                    f"within {wait:g} s; the alias has moved"
-                )
-                return Response(
-                    error_body(message, {"alias": body, "laggards": [laggard.as_json() for laggard in behind]}),
-                    status=status.HTTP_504_GATEWAY_TIMEOUT,
-                )
+            laggards = _fleet_laggards(name, alias, data.validated_data["version"], wait, "the alias has moved")
+            if laggards is not None:
+                laggards.data["detail"]["alias"] = body
+                return laggards
         return Response(body)
 
     @extend_schema(request=AliasFlagsInput, responses={200: AliasSerializer, 202: PromotionSerializer})
@@ -263,6 +281,21 @@ class _PromotionDecision(APIView):
 
 class PromotionApprove(_PromotionDecision):
     service = staticmethod(promotions.promotion_approve)
+
+    @extend_schema(request=ReasonInput, parameters=[WAIT_PARAMETER], responses=PromotionSerializer)
+    def post(self, request: Request, pk: int) -> Response:
+        wait = _wait_seconds(request)  # read first: a bad value decides nothing
+        response = super().post(request, pk)
+        body = response.data
+        if wait is not None and body["kind"] == PromotionKind.MOVE:
+            alias = Alias.objects.get(model__name=body["model"], name=body["alias"])
+            if alias.served:
+                done = "the promotion is approved and the alias has moved"
+                laggards = _fleet_laggards(body["model"], body["alias"], body["version"], wait, done)
+                if laggards is not None:
+                    laggards.data["detail"]["promotion"] = body
+                    return laggards
+        return response
 
 
 class PromotionReject(_PromotionDecision):

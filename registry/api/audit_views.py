@@ -5,12 +5,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import Any, cast
+from collections.abc import Iterable, Iterator
+from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.db.models import QuerySet
-from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers
@@ -23,6 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from registry.api.responses import StreamingExportResponse
 from registry.audit import audit_event_list
 from registry.audit_verify import audit_verify
 from registry.auth import has_role
@@ -178,24 +177,6 @@ class IgnoreFormatParameter(DefaultContentNegotiation):
     ) -> tuple[BaseRenderer, str]:
         renderer = next(iter(renderers))
         return renderer, str(renderer.media_type)
-
-
-class StreamingExportResponse(StreamingHttpResponse):
-    """Streams a sync iterator one chunk at a time under ASGI too.
-
-    Django's own ASGI path reads a sync iterator into a list before sending the first byte.
-    """
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        parts = iter(cast(Iterable[bytes], self.streaming_content))
-        # thread_sensitive (the default) keeps every chunk on the request's thread and its database cursor.
-        pull = sync_to_async(_next_or_none)
-        while (part := await pull(parts)) is not None:
-            yield part
-
-
-def _next_or_none(parts: Iterator[bytes]) -> bytes | None:
-    return next(parts, None)
 
 
 def _export_rows(events: QuerySet[AuditEvent]) -> Iterator[tuple[Any, ...]]:

@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 
 from registry import selectors, services
 from registry.audit import actor_from_request
+from registry.auth import user_roles
 from registry.errors import NotFound, PermissionDenied
 from registry.models import ApiToken
 
@@ -87,3 +88,31 @@ class TokenDetail(APIView):
             raise NotFound(f"no API token with prefix '{prefix}'")
         services.token_revoke(token=token, actor=actor_from_request(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class Me(APIView):
+    """Who the caller is: what ``modelyard login`` shows, and how a client finds its own token's user."""
+
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(
+        responses={
+            200: {
+                "type": "object",
+                "properties": {
+                    "username": {"type": "string"},
+                    "roles": {"type": "array", "items": {"type": "string"}},
+                    "token": {"type": "object", "nullable": True, "description": "the token used, if any"},
+                },
+            }
+        }
+    )
+    def get(self, request: Request) -> Response:
+        token = request.auth if isinstance(request.auth, ApiToken) else None
+        return Response(
+            {
+                "username": request.user.get_username(),
+                "roles": sorted(user_roles(request.user)),
+                "token": TokenSerializer(token).data if token is not None else None,
+            }
+        )

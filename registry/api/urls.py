@@ -1,6 +1,6 @@
 from django.urls import include, path
 
-from registry.api import alias_views, fleet_views, token_views, views
+from registry.api import alias_views, fleet_views, token_views, views, webhook_views
 
 urlpatterns = [
     path("models", views.ModelListCreate.as_view(), name="model-list"),
@@ -18,7 +18,11 @@ urlpatterns = [
     path("promotions/<int:pk>/approve", alias_views.PromotionApprove.as_view(), name="promotion-approve"),
     path("promotions/<int:pk>/reject", alias_views.PromotionReject.as_view(), name="promotion-reject"),
     path("promotions/<int:pk>/cancel", alias_views.PromotionCancel.as_view(), name="promotion-cancel"),
+    path("me", token_views.Me.as_view(), name="me"),
     path("tokens", token_views.TokenListCreate.as_view(), name="token-list"),
     path("tokens/<str:prefix>", token_views.TokenDetail.as_view(), name="token-detail"),
+    path("webhooks", webhook_views.WebhookListCreate.as_view(), name="webhook-list"),
+    path("webhooks/<int:pk>", webhook_views.WebhookDetail.as_view(), name="webhook-detail"),
+    path("webhooks/<int:pk>/deliveries", webhook_views.DeliveryList.as_view(), name="webhook-deliveries"),
     path("", include("registry.api.audit_urls")),
 ]

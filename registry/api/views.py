@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.http import FileResponse, Http404
+from django.http import Http404
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -17,9 +17,10 @@ from rest_framework.views import APIView
 
 from registry import selectors, services
 from registry.api.multipart import MultipartUpload
+from registry.api.responses import StreamingFileResponse
 from registry.api.serializers import ModelCreateInput, ModelSerializer, ModelUpdateInput, VersionSerializer
 from registry.audit import actor_from_request
-from registry.errors import InvalidInput, PayloadTooLarge
+from registry.errors import InvalidInput, NotFound, PayloadTooLarge
 from registry.models import ModelVersion, RegisteredModel
 from registry.uploads import version_upload
 from storage import get_storage
@@ -113,12 +114,21 @@ class VersionDetail(APIView):
 
 
 class VersionDownload(APIView):
-    @extend_schema(responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
-    def get(self, request: Request, name: str, version: int) -> FileResponse:
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("file", str, description="one of the version's files by name (default: the .onnx model)")
+        ],
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
+    )
+    def get(self, request: Request, name: str, version: int) -> StreamingFileResponse:
         found = _get_version(name, version)
-        model_file = found.model_file
+        file_name = request.query_params.get("file")
+        # Each file of a bundle on its own (?file=NAME), so that clients fetch external data file by file.
+        model_file = found.model_file if file_name is None else found.files.filter(name=file_name).first()
+        if model_file is None:
+            raise NotFound(f"version {found.version} of model '{name}' has no file '{file_name}'")
         stream = get_storage().open(model_file.storage_key)
-        response = FileResponse(stream, as_attachment=True, filename=model_file.name)
+        response = StreamingFileResponse(stream, as_attachment=True, filename=model_file.name)
         response["Content-Length"] = str(model_file.size_bytes)
         response["ETag"] = f'"{model_file.sha256}"'
         response["X-Content-SHA256"] = model_file.sha256

@@ -224,7 +224,11 @@ def test_modelyard_manage_audit_verify_exits_1_when_broken():
 
     def run() -> subprocess.CompletedProcess[str]:
         db = connection.settings_dict
-        env = os.environ | {"MODELYARD_DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
+        # The installed command with the project's settings (this process's tests.settings is not importable there).
+        env = os.environ | {
+            "MODELYARD_DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+            "DJANGO_SETTINGS_MODULE": "modelyard.settings",
+        }
         modelyard = Path(sys.executable).with_name("modelyard")
         return subprocess.run(
             [str(modelyard), "manage", "audit_verify"], env=env, capture_output=True, text=True, timeout=60

@@ -6,6 +6,7 @@ Rows are made through the real services, except fleet reports, which only infere
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -13,9 +14,19 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from registry import promotions, services, tasks
+from registry import promotions, services, tasks, webhooks
 from registry.audit import SYSTEM
-from registry.models import PRODUCTION, ApiToken, InferenceWorker, ModelVersion, RegisteredModel, Role, VersionStatus
+from registry.models import (
+    PRODUCTION,
+    ApiToken,
+    InferenceWorker,
+    ModelVersion,
+    RegisteredModel,
+    Role,
+    VersionStatus,
+    Webhook,
+    WebhookDelivery,
+)
 from tests.support.audit_factory import append_bulk_events
 from tests.support.onnx_models import add_model_bytes
 from tests.support.people import Person, make_person
@@ -105,6 +116,22 @@ def _fleet(admin: Person, count: int) -> None:
     )
 
 
+def _webhooks(admin: Person, count: int) -> None:
+    for index in range(count):
+        webhooks.webhook_create(url=f"https://hooks.example.com/{index}", events=["alias.moved"], actor=admin.actor)
+
+
+def _deliveries(admin: Person, count: int) -> None:
+    hook = (
+        Webhook.objects.first()
+        or webhooks.webhook_create(url="https://hooks.example.com/", events=["version.ready"], actor=admin.actor)[0]
+    )
+    WebhookDelivery.objects.bulk_create(
+        WebhookDelivery(webhook=hook, uuid=uuid.uuid4(), event="version.ready", model_name="m", version=1, body="{}")
+        for _ in range(count)
+    )
+
+
 def _results(body: Any) -> list[Any]:
     return body if isinstance(body, list) else body["results"]
 
@@ -118,6 +145,8 @@ LISTS: dict[str, tuple[str, Callable[[Person, int], None], int]] = {
     "audit": ("/api/v1/audit?page_size=500", _audit_events, 3),
     "tokens": ("/api/v1/tokens?page_size=500", _tokens, 4),
     "fleet": ("/api/v1/fleet", _fleet, 2),
+    "webhooks": ("/api/v1/webhooks?page_size=500", _webhooks, 4),  # + the admin role
+    "deliveries": ("/api/v1/webhooks/{webhook}/deliveries?page_size=500", _deliveries, 5),  # + the webhook
 }
 
 
@@ -125,6 +154,8 @@ LISTS: dict[str, tuple[str, Callable[[Person, int], None], int]] = {
 def test_a_list_costs_the_same_queries_for_n_and_3n_rows(name, admin, django_assert_max_num_queries):
     path, add_rows, pinned = LISTS[name]
     add_rows(admin, N)
+    if "{webhook}" in path:
+        path = path.format(webhook=Webhook.objects.get().pk)
     admin.get(path)  # once, so per-process caches (content types, the role lookup) do not count
 
     with django_assert_max_num_queries(pinned) as few:

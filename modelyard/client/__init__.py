@@ -1,0 +1,84 @@
+"""The Python client of Modelyard: push, promote, pull and infer from pipelines and applications.
+
+    from modelyard.client import Client
+
+    client = Client()  # MODELYARD_URL and MODELYARD_TOKEN, else the profile `modelyard login` saved
+    version = client.push("minilm", "model.onnx", ["model.onnx.data"], metadata={"run": 42})
+    client.wait_ready("minilm", version.version)
+    client.promote("minilm", "production", version.version, reason="better recall")  # a pending request
+    outputs = client.infer("minilm", {"input_ids": ids, "attention_mask": mask})
+
+It needs only ``requests`` and numpy: it imports nothing of the server (no Django, no Celery, no
+ONNX). Refusals raise :class:`ApiError` subclasses carrying the server's ``error`` and ``detail``.
+"""
+
+from modelyard.client.config import config_path, read_profiles, save_profile
+from modelyard.client.core import Client, token_from_password
+from modelyard.client.errors import (
+    ApiError,
+    BadRequest,
+    ChecksumMismatch,
+    ConfigError,
+    Conflict,
+    ConnectionFailed,
+    Forbidden,
+    GatewayTimeout,
+    ModelyardError,
+    NotFound,
+    PayloadTooLarge,
+    RateLimited,
+    ServerError,
+    Unauthorized,
+    Unavailable,
+    ValidationFailed,
+    WaitTimeout,
+)
+from modelyard.client.types import (
+    Alias,
+    AliasAt,
+    AliasMove,
+    AuditEvent,
+    AuditVerdict,
+    Delivery,
+    File,
+    Model,
+    Promotion,
+    Version,
+    Webhook,
+)
+
+__all__ = [
+    "Alias",
+    "AliasAt",
+    "AliasMove",
+    "ApiError",
+    "AuditEvent",
+    "AuditVerdict",
+    "BadRequest",
+    "ChecksumMismatch",
+    "Client",
+    "ConfigError",
+    "Conflict",
+    "ConnectionFailed",
+    "Delivery",
+    "File",
+    "Forbidden",
+    "GatewayTimeout",
+    "Model",
+    "ModelyardError",
+    "NotFound",
+    "PayloadTooLarge",
+    "Promotion",
+    "RateLimited",
+    "ServerError",
+    "Unauthorized",
+    "Unavailable",
+    "ValidationFailed",
+    "Version",
+    "WaitTimeout",
+    "Webhook",
+    "config_path",
+    "read_profiles",
+    "save_profile",
+    "token_from_password",
+]

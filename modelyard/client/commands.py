@@ -1,0 +1,631 @@
+"""The user commands of ``modelyard`` (login, models, push, promote, approve, pull, infer, audit, ...).
+
+They run on :mod:`modelyard.client` alone, so they start fast and need no server code: no Django,
+no database. Every command takes ``--url`` and ``--token`` (else ``MODELYARD_URL`` and
+``MODELYARD_TOKEN``, else the saved profile; ``--profile`` names one and then wins over the
+environment) and ``--json`` for scripts. On a refusal a command exits 1 with the server's message on
+stderr (with ``--json``, also ``{"error", "detail", "status"}`` on stdout). No command prints a secret,
+except ``webhooks add`` the secret it generated when asked to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from modelyard.client.config import DEFAULT_PROFILE, save_profile
+from modelyard.client.core import Client, token_from_password
+from modelyard.client.errors import ApiError, ConfigError, ModelyardError, NotFound, ValidationFailed
+from modelyard.client.tensors import NUMPY_OF
+from modelyard.client.types import AliasMove, Promotion, Version
+
+Handler = Callable[[argparse.Namespace, Client], int]
+
+
+# --- Output ------------------------------------------------------------------------------------------
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
+    raise AssertionError("unreachable")
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds + 0.5)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+class ProgressBar:
+    """Bytes done of all, rate and time left, on stderr: redrawn in place on a terminal, a line every 2 s otherwise."""
+
+    def __init__(self, label: str, stream: IO[str] | None = None) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.started = time.monotonic()
+        self.last = float("-inf")
+        self.finished = False
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        final = done >= total
+        if self.finished or (not final and now - self.last < (0.1 if self.tty else 2.0)):
+            return
+        self.last = now
+        elapsed = max(now - self.started, 1e-6)
+        rate = done / elapsed
+        fraction = done / total if total else 1.0
+        bar = "#" * int(24 * fraction) + "." * (24 - int(24 * fraction))
+        when = f"in {_clock(elapsed)}" if final else f"ETA {_clock((total - done) / rate) if rate else '?'}"
+        line = f"{self.label} [{bar}] {100 * fraction:5.1f}%  {_size(done)} / {_size(total)}  {_size(rate)}/s  {when}"
+        if self.tty:
+            self.stream.write("\r\x1b[K" + line + ("\n" if final else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+        self.finished = final
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+def _table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> None:
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    for row in cells:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+def _signature(version: Version) -> None:
+    for kind in ("inputs", "outputs"):
+        for spec in version.signature.get(kind) or []:
+            print(f"  {kind[:-1]:<7} {spec['name']}  {spec['datatype']}  {spec['shape']}")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# --- Commands ----------------------------------------------------------------------------------------
+
+
+def cmd_models(args: argparse.Namespace, client: Client) -> int:
+    models = client.list_models(query=args.query, tag=args.tag)
+    if args.json:
+        _print_json([m.raw for m in models])
+        return 0
+    rows = [(m.name, m.last_version, ",".join(m.tags), _one_line(m.description)[:60]) for m in models]
+    _table(rows, ["NAME", "VERSIONS", "TAGS", "DESCRIPTION"])
+    return 0
+
+
+def cmd_push(args: argparse.Namespace, client: Client) -> int:
+    files = [args.model, *args.files]
+    try:
+        client.get_model(args.name)
+    except NotFound:
+        client.create_model(args.name)
+        if not args.json:
+            print(f"Created model '{args.name}'.", file=sys.stderr)
+    label = Path(args.model).name + (f" + {len(args.files)} file(s)" if args.files else "")
+    progress = None if args.quiet else ProgressBar(f"Uploading {label}")
+    version = client.push(
+        args.name,
+        files[0],
+        files[1:],
+        description=args.description,
+        metadata=args.metadata,
+        progress=progress,
+        create_model=False,
+    )
+    if not args.no_wait:
+        try:
+            version = client.wait_ready(args.name, version.version, timeout=args.timeout)
+        except ValidationFailed:
+            version = client.get_version(args.name, version.version)
+    if args.json:
+        _print_json(version.raw)
+    elif version.status == "ready":
+        print(f"Version {version.version} of '{args.name}' is ready (sha256 {version.sha256}).")
+        _signature(version)
+        for warning in version.warnings:
+            print(f"  warning: {warning}")
+    elif version.status == "failed":
+        print(f"Version {version.version} of '{args.name}' failed validation:", file=sys.stderr)
+        for error in version.errors:
+            print(f"  - {error}", file=sys.stderr)
+    else:
+        print(f"Version {version.version} of '{args.name}' is uploaded and {version.status} validation.")
+    return 1 if version.status == "failed" else 0
+
+
+def cmd_versions(args: argparse.Namespace, client: Client) -> int:
+    versions = client.list_versions(args.name, status=args.status)
+    if args.json:
+        _print_json([v.raw for v in versions])
+        return 0
+    rows = [
+        (v.version, v.status, _size(v.size_bytes), v.created_by, v.created_at[:19], _one_line(v.description)[:50])
+        for v in versions
+    ]
+    _table(rows, ["VERSION", "STATUS", "SIZE", "BY", "CREATED", "DESCRIPTION"])
+    return 0
+
+
+def cmd_show(args: argparse.Namespace, client: Client) -> int:
+    version = client.get_version(args.name, args.version)
+    if args.json:
+        _print_json(version.raw)
+        return 0
+    print(f"{version.model} version {version.version}: {version.status}")
+    print(f"  sha256   {version.sha256}")
+    print(f"  size     {_size(version.size_bytes)}")
+    print(f"  by       {version.created_by or '-'} at {version.created_at}")
+    if version.description:
+        print(f"  about    {_one_line(version.description)}")
+    if version.metadata:
+        print(f"  metadata {json.dumps(version.metadata, sort_keys=True)}")
+    for file in version.files:
+        print(f"  file     {file.name}  {file.role}  {_size(file.size_bytes)}  {file.sha256}")
+    _signature(version)
+    for error in version.errors:
+        print(f"  error    {error}")
+    for warning in version.warnings:
+        print(f"  warning  {warning}")
+    return 0
+
+
+def _describe_promotion(promotion: Promotion) -> str:
+    change = "unprotect" if promotion.kind == "unprotect" else f"version {promotion.version}"
+    return f"promotion {promotion.id}: {promotion.alias} of '{promotion.model}' -> {change} ({promotion.state})"
+
+
+def cmd_promote(args: argparse.Namespace, client: Client) -> int:
+    outcome = client.promote(args.name, args.alias, args.version, reason=args.reason, force=args.force, wait=args.wait)
+    if args.json:
+        _print_json(outcome.raw if outcome is not None else None)
+    elif isinstance(outcome, Promotion):
+        print(f"'{args.alias}' is protected: promotion request {outcome.id} is pending.")
+        print(f"Another approver runs: modelyard approve {outcome.id}")
+    elif isinstance(outcome, AliasMove):
+        print(f"Moved '{args.alias}' of '{args.name}' from version {outcome.from_version} to {outcome.to_version}.")
+    else:
+        print(f"'{args.alias}' of '{args.name}' already points to version {args.version}.")
+    return 0
+
+
+def cmd_promotions(args: argparse.Namespace, client: Client) -> int:
+    found = client.list_promotions(state=args.state, model=args.model)
+    if args.json:
+        _print_json([p.raw for p in found])
+        return 0
+    rows = [
+        (p.id, p.model, p.alias, p.kind, p.version, p.state, p.requested_by, _one_line(p.reason)[:40]) for p in found
+    ]
+    _table(rows, ["ID", "MODEL", "ALIAS", "KIND", "VERSION", "STATE", "BY", "REASON"])
+    return 0
+
+
+def cmd_approve(args: argparse.Namespace, client: Client) -> int:
+    promotion = client.approve(args.id, reason=args.reason, wait=args.wait)
+    if args.json:
+        _print_json(promotion.raw)
+    elif promotion.kind == "unprotect":
+        print(f"Approved promotion {promotion.id}: '{promotion.alias}' of '{promotion.model}' is no longer protected.")
+    else:
+        print(
+            f"Approved promotion {promotion.id}: '{promotion.alias}' of '{promotion.model}' "
+            f"now points to version {promotion.version}."
+        )
+    return 0
+
+
+def cmd_reject(args: argparse.Namespace, client: Client) -> int:
+    promotion = client.reject(args.id, reason=args.reason)
+    if args.json:
+        _print_json(promotion.raw)
+    else:
+        print(f"Rejected {_describe_promotion(promotion)}.")
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace, client: Client) -> int:
+    promotion = client.cancel(args.id, reason=args.reason)
+    if args.json:
+        _print_json(promotion.raw)
+    else:
+        print(f"Cancelled {_describe_promotion(promotion)}.")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace, client: Client) -> int:
+    move = client.rollback(args.name, args.alias, reason=args.reason)
+    if args.json:
+        _print_json(move.raw)
+    else:
+        print(f"Rolled '{args.alias}' of '{args.name}' back from version {move.from_version} to {move.to_version}.")
+    return 0
+
+
+def cmd_history(args: argparse.Namespace, client: Client) -> int:
+    if args.at:
+        at = client.history(args.name, args.alias, at=args.at)
+        if args.json:
+            _print_json(at.raw)
+        elif at.version is None:
+            print(f"At {at.at}, '{args.alias}' of '{args.name}' pointed to no version.")
+        else:
+            print(f"At {at.at}, '{args.alias}' of '{args.name}' pointed to version {at.version} (since {at.since}).")
+        return 0
+    moves = client.history(args.name, args.alias)
+    if args.json:
+        _print_json([m.raw for m in moves])
+        return 0
+    rows = [
+        (m.moved_at[:19], m.from_version, m.to_version, m.kind, m.moved_by, m.promotion, _one_line(m.reason)[:40])
+        for m in moves
+    ]
+    _table(rows, ["WHEN", "FROM", "TO", "KIND", "BY", "REQUEST", "REASON"])
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace, client: Client) -> int:
+    version = client.get_version(args.name, args.version)
+    progress = None if args.quiet else ProgressBar(f"Downloading {args.name} version {version.version}")
+    model_path = client.pull(args.name, version.version, args.dir, progress=progress)
+    if args.json:
+        files = version.raw["files"]
+        _print_json({"model": args.name, "version": version.version, "path": str(model_path), "files": files})
+    else:
+        count = len(version.files)
+        print(f"Pulled '{args.name}' version {version.version} ({count} file(s), sha256 checked) into {args.dir}.")
+        print(f"Load {model_path}")
+    return 0
+
+
+def _input_value(text: str, datatype: str | None) -> Any:
+    """``NAME=VALUE``'s value: a .npy file, a .json file, or JSON inline, as the input's datatype."""
+    import numpy as np
+
+    target = NUMPY_OF.get(datatype or "")
+    if text.endswith(".npy"):
+        array = np.load(text, allow_pickle=False)
+        if target is None or target is np.object_ or array.dtype == target:
+            return array
+        if not np.can_cast(array.dtype, target, casting="same_kind"):
+            raise ModelyardError(f"{text} holds {array.dtype}; the input needs {datatype}")
+        return array.astype(target)
+    path = Path(text)
+    data = json.loads(path.read_text() if path.is_file() else text)
+    if target is np.object_:
+        return np.array(data, dtype=np.object_)
+    return np.asarray(data, dtype=target)
+
+
+def cmd_infer(args: argparse.Namespace, client: Client) -> int:
+    import numpy as np
+
+    specs = {spec["name"]: spec["datatype"] for spec in client.model_metadata(args.name, args.version)["inputs"]}
+    inputs = {}
+    for item in args.input:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ModelyardError(f"--input {item!r}: use NAME=FILE.npy, NAME=FILE.json or NAME='[json]'")
+        if name not in specs:
+            raise ModelyardError(f"model '{args.name}' has no input '{name}'; its inputs are {', '.join(specs)}")
+        inputs[name] = _input_value(value, specs[name])
+    outputs = client.infer(args.name, inputs, version=args.version, outputs=args.output or None)
+    if args.save:
+        folder = Path(args.save)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, array in outputs.items():
+            np.save(folder / f"{name}.npy", array, allow_pickle=False)
+
+    def plain(array: np.ndarray) -> Any:
+        if array.dtype == np.object_:
+            return [bytes(v).decode("utf-8", "replace") for v in array.reshape(-1)]
+        return array.tolist()
+
+    if args.json:
+        _print_json({n: {"shape": list(a.shape), "dtype": str(a.dtype), "data": plain(a)} for n, a in outputs.items()})
+        return 0
+    for name, array in outputs.items():
+        print(f"{name}  {array.dtype}  {list(array.shape)}")
+        print(np.array2string(array, threshold=200))
+    return 0
+
+
+def cmd_audit(args: argparse.Namespace, client: Client) -> int:
+    filters = {name: getattr(args, name) for name in ("actor", "action", "model", "since", "until")}
+    if args.export:
+        if args.output:
+            with open(args.output, "wb") as out:
+                written = client.export_audit(out, format=args.export, **filters)
+            print(f"Exported {_size(written)} of audit events to {args.output}.", file=sys.stderr)
+        else:
+            client.export_audit(sys.stdout.buffer, format=args.export, **filters)
+            sys.stdout.flush()
+    elif not args.verify:
+        events = []
+        for event in client.audit(**filters):
+            events.append(event)
+            if len(events) >= args.limit:
+                break
+        if args.json:
+            _print_json([e.raw for e in events])
+        else:
+            rows = [(e.seq, e.at[:19], e.actor, e.action, e.target) for e in events]
+            _table(rows, ["SEQ", "AT", "ACTOR", "ACTION", "TARGET"])
+    if not args.verify:
+        return 0
+    verdict = client.verify_audit()
+    if args.json:
+        _print_json(verdict.raw)
+    elif verdict.ok:
+        print(f"Audit chain OK: {verdict.checked} events checked.")
+    else:
+        print(f"Audit chain BROKEN at event {verdict.first_bad_seq}: {verdict.reason}", file=sys.stderr)
+    return 0 if verdict.ok else 1
+
+
+def cmd_webhooks_list(args: argparse.Namespace, client: Client) -> int:
+    hooks = client.list_webhooks()
+    if args.json:
+        _print_json([h.raw for h in hooks])
+        return 0
+    rows = [(h.id, h.url, ",".join(h.events), h.model or "*", h.active) for h in hooks]
+    _table(rows, ["ID", "URL", "EVENTS", "MODEL", "ACTIVE"])
+    return 0
+
+
+def cmd_webhooks_add(args: argparse.Namespace, client: Client) -> int:
+    secret = sys.stdin.readline().rstrip("\n") if args.secret_stdin else None
+    hook, generated = client.create_webhook(args.endpoint, args.event, model=args.model, secret=secret)
+    if args.json:
+        _print_json({**hook.raw, "secret": generated})
+        return 0
+    print(f"Registered webhook {hook.id}: {', '.join(hook.events)} of {hook.model or 'every model'} -> {hook.url}")
+    if generated:
+        print("Its signing secret, shown only now (keep it with the receiver):", file=sys.stderr)
+        print(generated)
+    return 0
+
+
+def cmd_webhooks_remove(args: argparse.Namespace, client: Client) -> int:
+    client.delete_webhook(args.id)
+    if args.json:
+        _print_json({"deleted": args.id})
+    else:
+        print(f"Removed webhook {args.id}.")
+    return 0
+
+
+def cmd_webhooks_deliveries(args: argparse.Namespace, client: Client) -> int:
+    deliveries = client.webhook_deliveries(args.id, status=args.status)
+    if args.json:
+        _print_json([d.raw for d in deliveries])
+        return 0
+    rows = [
+        (d.raw["created_at"][:19], d.event, d.model, d.version, d.status, d.attempts, d.last_status_code, d.last_error)
+        for d in deliveries
+    ]
+    _table(rows, ["CREATED", "EVENT", "MODEL", "VERSION", "STATUS", "ATTEMPTS", "CODE", "LAST ERROR"])
+    return 0
+
+
+def cmd_login(args: argparse.Namespace) -> int:
+    url = args.server.rstrip("/")
+    token = args.token
+    if not token and args.username and args.password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+        token = token_from_password(url, args.username, password, name=args.token_name, expires_days=args.expires_days)
+    elif not token:
+        if not sys.stdin.isatty():
+            raise ConfigError("no token: pass --token, or --username with --password-stdin")
+        token = getpass.getpass("API token (leave empty to sign in with a username and password): ").strip()
+        if not token:
+            username = args.username or input("Username: ").strip()
+            password = getpass.getpass("Password: ")
+            token = token_from_password(url, username, password, name=args.token_name, expires_days=args.expires_days)
+    me = Client(url=url, token=token).whoami()
+    profile = args.profile or DEFAULT_PROFILE
+    path = save_profile(profile, url=url, token=token)
+    if args.json:
+        _print_json({"url": url, "user": me["username"], "roles": me["roles"], "profile": profile, "config": str(path)})
+    else:
+        roles = ", ".join(me["roles"]) or "no roles"
+        print(f"Logged in to {url} as {me['username']} ({roles}); saved as profile '{profile}' in {path}.")
+    return 0
+
+
+# --- Running a command ---------------------------------------------------------------------------------
+
+
+def _report(args: argparse.Namespace, exc: ModelyardError) -> None:
+    print(f"modelyard {args.command}: {exc}", file=sys.stderr)
+    if isinstance(exc, ApiError):
+        detail = exc.detail
+        if isinstance(detail, dict) and detail.get("breaking"):
+            for item in detail["breaking"]:
+                print(f"  - {item}", file=sys.stderr)
+        elif isinstance(detail, dict) and detail.get("laggards"):
+            for laggard in detail["laggards"]:
+                why = f"{laggard.get('state')} {laggard.get('error') or ''}".strip()
+                print(f"  - {laggard.get('worker_id')}: {why}", file=sys.stderr)
+        if args.json:
+            _print_json({"error": exc.error, "detail": exc.detail, "status": exc.status})
+    elif args.json:
+        _print_json({"error": str(exc), "detail": None, "status": None})
+
+
+def _runner(handler: Handler) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            client = Client(url=args.url, token=args.token, profile=args.profile)
+            return handler(args, client)
+        except ConfigError as exc:
+            _report(args, exc)
+            return 2
+        except ModelyardError as exc:
+            _report(args, exc)
+            return 1
+        except OSError as exc:  # a local file: the model to push, the folder to pull into
+            print(f"modelyard {args.command}: {exc}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def _login_runner(args: argparse.Namespace) -> int:
+    try:
+        return cmd_login(args)
+    except ConfigError as exc:
+        _report(args, exc)
+        return 2
+    except ModelyardError as exc:
+        _report(args, exc)
+        return 1
+
+
+def _wait_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--wait",
+        nargs="?",
+        type=float,
+        const=60.0,
+        default=None,
+        metavar="SECONDS",
+        help=f"{what}, until every live inference process serves the version (default 60 s)",
+    )
+
+
+def add_commands(sub: Any) -> None:
+    """Add the user commands to ``modelyard``'s subcommands."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--url", default=None, help="the server (default: $MODELYARD_URL, else the profile)")
+    common.add_argument("--token", default=None, help="an API token (default: $MODELYARD_TOKEN, else the profile)")
+    common.add_argument("--profile", default=None, help="a saved profile (default: $MODELYARD_PROFILE, else default)")
+    common.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    def command(name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = sub.add_parser(name, parents=[common], help=help, description=help)
+        parser.set_defaults(func=_runner(handler))
+        return parser
+
+    p = sub.add_parser("login", help="save a server and token as a profile (asks for a token or a password)")
+    p.add_argument("server", metavar="URL")
+    p.add_argument("--token", default=None, help="the API token to save (else one is asked for, or made)")
+    p.add_argument("--username", default=None, help="sign in with this user's password and create a token")
+    p.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
+    p.add_argument("--profile", default=None, help="the profile to save (default: default)")
+    p.add_argument("--token-name", default="modelyard login", help="the label of a token made from a password")
+    p.add_argument("--expires-days", type=int, default=None, help="a token made from a password expires after N days")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_login_runner)
+
+    p = command("models", cmd_models, "list models")
+    p.add_argument("--query", default="", help="a substring of the name or description")
+    p.add_argument("--tag", default="")
+
+    p = command("push", cmd_push, "upload a new version (creating the model), wait for validation, print its signature")
+    p.add_argument("name")
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("files", nargs="*", metavar="FILE", help="external-data files and extras (tokenizer.json, ...)")
+    p.add_argument("--description", default="")
+    p.add_argument("--metadata", default=None, metavar="JSON", help="a JSON object stored with the version")
+    p.add_argument("--no-wait", action="store_true", help="do not wait for validation")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for validation")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = command("versions", cmd_versions, "list a model's versions, newest first")
+    p.add_argument("name")
+    p.add_argument("--status", default="", choices=["", "pending", "validating", "ready", "failed"])
+
+    p = command("show", cmd_show, "a version's files, signature, validation errors and metadata")
+    p.add_argument("name")
+    p.add_argument("version", help="a number or an alias")
+
+    p = command("promote", cmd_promote, "point an alias at a version (a request when the alias is protected)")
+    p.add_argument("name")
+    p.add_argument("alias")
+    p.add_argument("version", type=int)
+    p.add_argument("--reason", default="")
+    p.add_argument("--force", action="store_true", help="accept a breaking signature change (give a reason)")
+    _wait_option(p, "after a move")
+
+    p = command("promotions", cmd_promotions, "list promotion requests")
+    p.add_argument("--state", default="", choices=["", "pending", "approved", "rejected", "cancelled", "expired"])
+    p.add_argument("--model", default="")
+
+    for name, handler, text in (
+        ("approve", cmd_approve, "approve someone else's promotion request (approver role)"),
+        ("reject", cmd_reject, "reject someone else's promotion request (approver role)"),
+        ("cancel", cmd_cancel, "withdraw your own promotion request"),
+    ):
+        p = command(name, handler, text)
+        p.add_argument("id", type=int)
+        p.add_argument("--reason", default="")
+        if name == "approve":
+            _wait_option(p, "after approving")
+
+    p = command("rollback", cmd_rollback, "move an alias back to the version before its last move")
+    p.add_argument("name")
+    p.add_argument("alias")
+    p.add_argument("--reason", default="")
+
+    p = command("history", cmd_history, "an alias's moves, or with --at the version it pointed to then")
+    p.add_argument("name")
+    p.add_argument("alias")
+    p.add_argument("--at", default=None, metavar="ISO-TIME", help="e.g. 2026-01-31T12:00:00Z")
+
+    p = command("pull", cmd_pull, "download every file of a version into a folder, checking each sha256")
+    p.add_argument("name")
+    p.add_argument("version", help="a number or an alias")
+    p.add_argument("dir")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = command("infer", cmd_infer, "run a served model on inputs from .npy or JSON")
+    p.add_argument("name")
+    p.add_argument(
+        "--input", action="append", required=True, metavar="NAME=VALUE", help="FILE.npy, FILE.json or inline JSON"
+    )
+    p.add_argument("--version", default=None, help="a version number or a served alias (default: production)")
+    p.add_argument("--output", action="append", default=[], help="only this output (repeatable)")
+    p.add_argument("--save", default=None, metavar="DIR", help="also write each output to DIR/NAME.npy")
+
+    p = command("audit", cmd_audit, "audit events (auditor role), an export, or a check of the hash chain")
+    for name in ("actor", "action", "model", "since", "until"):
+        p.add_argument(f"--{name}", default="")
+    p.add_argument("--limit", type=int, default=50, help="events to list, newest first")
+    p.add_argument("--export", choices=["csv", "jsonl"], default=None, help="stream every matching event")
+    p.add_argument("--output", default=None, metavar="FILE", help="write the export here instead of stdout")
+    p.add_argument("--verify", action="store_true", help="recompute the hash chain; exit 1 when broken")
+
+    hooks = sub.add_parser("webhooks", help="webhooks (admin role): list, add, remove, deliveries")
+    actions = hooks.add_subparsers(dest="webhooks_command", required=True)
+    p = actions.add_parser("list", parents=[common], help="registered webhooks")
+    p.set_defaults(func=_runner(cmd_webhooks_list))
+    p = actions.add_parser("add", parents=[common], help="register an endpoint; prints a generated secret once")
+    p.add_argument("endpoint", metavar="URL", help="where to POST the events")
+    p.add_argument("--event", action="append", required=True, help="version.ready, alias.moved, ... (repeatable)")
+    p.add_argument("--model", default=None, help="only this model's events")
+    p.add_argument("--secret-stdin", action="store_true", help="read the signing secret from stdin")
+    p.set_defaults(func=_runner(cmd_webhooks_add))
+    p = actions.add_parser("remove", parents=[common], help="remove a webhook and its delivery log")
+    p.add_argument("id", type=int)
+    p.set_defaults(func=_runner(cmd_webhooks_remove))
+    p = actions.add_parser("deliveries", parents=[common], help="a webhook's delivery log, newest first")
+    p.add_argument("id", type=int)
+    p.add_argument("--status", default="", choices=["", "pending", "sending", "delivered", "failed"])
+    p.set_defaults(func=_runner(cmd_webhooks_deliveries))

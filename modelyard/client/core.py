@@ -1,0 +1,545 @@
+"""The Modelyard client: the registry's REST API and ``/v2`` inference as typed Python methods.
+
+It needs ``requests`` and numpy, nothing of the server: no Django, no Celery, no ONNX.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import datetime
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
+from pathlib import Path
+from typing import IO, Any, overload
+from urllib.parse import parse_qsl, quote, urlsplit
+
+import numpy as np
+import requests
+
+from modelyard.client import tensors
+from modelyard.client.config import resolve
+from modelyard.client.errors import (
+    ApiError,
+    ChecksumMismatch,
+    ConnectionFailed,
+    ModelyardError,
+    NotFound,
+    Unauthorized,
+    ValidationFailed,
+    WaitTimeout,
+    api_error,
+)
+from modelyard.client.multipart import MultipartBody, Progress
+from modelyard.client.types import (
+    Alias,
+    AliasAt,
+    AliasMove,
+    AuditEvent,
+    AuditVerdict,
+    Delivery,
+    Model,
+    Promotion,
+    Version,
+    Webhook,
+)
+
+CONNECT_TIMEOUT = 10.0
+DOWNLOAD_BLOCK = 1 << 20
+SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")  # what the registry accepts as a file name
+
+
+def _user_agent() -> str:
+    try:
+        return f"modelyard-client/{package_version('modelyard')}"
+    except PackageNotFoundError:
+        return "modelyard-client"
+
+
+def _error_of(response: requests.Response) -> ApiError:
+    """The typed exception for a refusal, with the server's ``error`` and ``detail`` (``/v2`` sends no detail)."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        error, detail = body["error"], body.get("detail")
+    else:
+        text = response.text.strip()[:200]
+        error, detail = f"{response.status_code} {response.reason}" + (f": {text}" if text else ""), None
+    retry = response.headers.get("Retry-After", "")
+    retry_after = float(retry) if retry.replace(".", "", 1).isdigit() else None
+    return api_error(response.status_code, error, detail, retry_after=retry_after)
+
+
+def _q(part: str | int) -> str:
+    return quote(str(part), safe="")
+
+
+class Client:
+    """One server and one identity. ``url`` and ``token`` default to ``MODELYARD_URL`` and ``MODELYARD_TOKEN``,
+    then to the saved profile (``profile``, else ``MODELYARD_PROFILE``, else ``default``; see ``modelyard login``).
+
+    Every refusal raises a subclass of :class:`~modelyard.client.errors.ApiError` carrying the server's
+    ``error`` and ``detail``.
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        token: str | None = None,
+        *,
+        profile: str | None = None,
+        timeout: float = 300.0,
+        session: requests.Session | None = None,
+    ) -> None:
+        target = resolve(url=url, token=token, profile=profile)
+        self.url = target.url
+        self.profile = target.profile
+        self.timeout = timeout
+        self.session = session or requests.Session()
+        self.session.headers["User-Agent"] = _user_agent()
+        if target.token:
+            self.session.headers["Authorization"] = f"Bearer {target.token}"
+
+    def __repr__(self) -> str:  # never the token
+        return f"Client(url={self.url!r}, profile={self.profile!r})"
+
+    # --- HTTP ---------------------------------------------------------------------------------------
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        json_body: Any = None,
+        data: Any = None,
+        headers: Mapping[str, str] | None = None,
+        stream: bool = False,
+        timeout: float | None = None,
+    ) -> requests.Response:
+        """One request to ``path`` (under the server's URL); raises the typed error of a 4xx or 5xx answer."""
+        try:
+            response = self.session.request(
+                method,
+                self.url + path,
+                params={k: v for k, v in (params or {}).items() if v is not None and v != ""},
+                json=json_body,
+                data=data,
+                headers=dict(headers or {}),
+                stream=stream,
+                timeout=(CONNECT_TIMEOUT, timeout or self.timeout),
+                allow_redirects=False,
+            )
+        except requests.RequestException as exc:
+            raise ConnectionFailed(f"cannot reach {self.url}: {exc}") from exc
+        if response.status_code >= 400:
+            with response:
+                raise _error_of(response)
+        return response
+
+    def _json(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self.request(method, path, **kwargs)
+        return response.json() if response.content else None
+
+    def _pages(self, path: str, params: Mapping[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+        """Every item of a paginated list, following ``next`` (page numbers or audit cursors) to the end."""
+        query: dict[str, Any] = dict(params or {})
+        while True:
+            body = self._json("GET", path, params=query)
+            if isinstance(body, list):  # an unpaginated list
+                yield from body
+                return
+            yield from body["results"]
+            if not body.get("next"):
+                return
+            query = dict(parse_qsl(urlsplit(body["next"]).query))  # same path: the server's host may differ
+
+    # --- Models and versions -------------------------------------------------------------------------
+
+    def list_models(self, *, query: str = "", tag: str = "") -> list[Model]:
+        return [Model.from_json(item) for item in self._pages("/api/v1/models", {"q": query, "tag": tag})]
+
+    def get_model(self, name: str) -> Model:
+        return Model.from_json(self._json("GET", f"/api/v1/models/{_q(name)}"))
+
+    def create_model(self, name: str, *, description: str = "", tags: Sequence[str] = ()) -> Model:
+        body = {"name": name, "description": description, "tags": list(tags)}
+        return Model.from_json(self._json("POST", "/api/v1/models", json_body=body))
+
+    def update_model(self, name: str, **changes: Any) -> Model:
+        """Change ``description``, ``tags``, ``serving_strategy``, ``max_batch_size``, ``max_queue_delay_us``..."""
+        return Model.from_json(self._json("PATCH", f"/api/v1/models/{_q(name)}", json_body=changes))
+
+    def list_versions(self, name: str, *, status: str = "") -> list[Version]:
+        path = f"/api/v1/models/{_q(name)}/versions"
+        return [Version.from_json(item) for item in self._pages(path, {"status": status})]
+
+    def resolve_version(self, name: str, version_or_alias: int | str) -> int:
+        """A version number, or the version an alias points to now."""
+        text = str(version_or_alias)
+        if text.isdigit():
+            return int(text)
+        alias = self.get_alias(name, text)
+        if alias.version is None:
+            raise NotFound(f"alias '{text}' of model '{name}' points to no version yet", status=404)
+        return alias.version
+
+    def get_version(self, name: str, version: int | str) -> Version:
+        number = self.resolve_version(name, version)
+        return Version.from_json(self._json("GET", f"/api/v1/models/{_q(name)}/versions/{number}"))
+
+    def push(
+        self,
+        name: str,
+        path: str | os.PathLike[str],
+        extra_files: Iterable[str | os.PathLike[str]] = (),
+        *,
+        description: str = "",
+        metadata: Mapping[str, Any] | str | None = None,
+        progress: Progress | None = None,
+        create_model: bool = True,
+    ) -> Version:
+        """Upload a new version: the ``.onnx`` file, then its external data and extras, streamed from disk.
+
+        ``progress(sent, total)`` is called as bytes go out. The model is created first when it does
+        not exist (unless ``create_model`` is false). The answer comes once the server has stored and
+        recorded the files: the version is ``pending`` (a worker validates it) or already ``ready``
+        or ``failed`` (validated in the upload request); :meth:`wait_ready` waits for the outcome.
+        """
+        files = [Path(path), *(Path(extra) for extra in extra_files)]
+        for file in files:
+            if not file.is_file():
+                raise ModelyardError(f"{file}: no such file")
+        if create_model:
+            try:
+                self.get_model(name)
+            except NotFound:
+                try:
+                    self.create_model(name)
+                except ApiError as exc:
+                    if exc.status != 409:  # someone created it meanwhile: fine
+                        raise
+        fields: list[tuple[str, str]] = []
+        if description:
+            fields.append(("description", description))
+        if metadata is not None:
+            fields.append(("metadata", metadata if isinstance(metadata, str) else json.dumps(metadata)))
+        body = MultipartBody(fields, [(file.name, file) for file in files], progress=progress)
+        answer = self._json(
+            "POST",
+            f"/api/v1/models/{_q(name)}/versions",
+            data=body,
+            headers={"Content-Type": body.content_type},
+        )
+        return Version.from_json(answer)
+
+    def wait_ready(self, name: str, version: int, *, timeout: float = 600.0, interval: float = 0.5) -> Version:
+        """Poll until validation has decided; returns the ready version, raises :class:`ValidationFailed`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.get_version(name, version)
+            if found.status == "ready":
+                return found
+            if found.status == "failed":
+                raise ValidationFailed(name, found.version, list(found.errors))
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(f"version {version} of '{name}' is still {found.status} after {timeout:g} s")
+            time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+            interval = min(interval * 1.5, 5.0)
+
+    def pull(
+        self, name: str, version_or_alias: int | str, dest: str | os.PathLike[str], *, progress: Progress | None = None
+    ) -> Path:
+        """Download every file of a version into ``dest`` and check each sha256; returns the ``.onnx`` file's path.
+
+        External-data files land next to the ``.onnx`` under the names it refers to, so ONNX Runtime
+        loads the model from there. A file whose sha256 does not match is deleted and raises
+        :class:`ChecksumMismatch`.
+        """
+        version = self.get_version(name, version_or_alias)
+        folder = Path(dest)
+        folder.mkdir(parents=True, exist_ok=True)
+        files = version.files
+        total, done = sum(f.size_bytes for f in files), 0
+        for file in files:
+            if not SAFE_FILE_NAME.match(file.name):
+                raise ModelyardError(f"refusing to write a file named {file.name!r} outside {folder}")
+            partial = folder / f".{file.name}.part"
+            digest = hashlib.sha256()
+            path = f"/api/v1/models/{_q(name)}/versions/{version.version}/download"
+            with (
+                self.request("GET", path, params={"file": file.name}, stream=True) as response,
+                partial.open("wb") as out,
+            ):
+                for block in response.iter_content(DOWNLOAD_BLOCK):
+                    digest.update(block)
+                    out.write(block)
+                    done += len(block)
+                    if progress is not None:
+                        progress(done, total)
+            if digest.hexdigest() != file.sha256:
+                partial.unlink()
+                raise ChecksumMismatch(
+                    f"{file.name} of '{name}' version {version.version}: sha256 {digest.hexdigest()}, "
+                    f"expected {file.sha256}; the file was not kept"
+                )
+            partial.replace(folder / file.name)
+        return folder / version.model_file.name
+
+    # --- Aliases and promotions ------------------------------------------------------------------------
+
+    def list_aliases(self, name: str) -> list[Alias]:
+        return [Alias.from_json(item) for item in self._json("GET", f"/api/v1/models/{_q(name)}/aliases")]
+
+    def get_alias(self, name: str, alias: str) -> Alias:
+        return Alias.from_json(self._json("GET", f"/api/v1/models/{_q(name)}/aliases/{_q(alias)}"))
+
+    def promote(
+        self,
+        name: str,
+        alias: str,
+        version: int,
+        *,
+        reason: str = "",
+        force: bool = False,
+        wait: float | None = None,
+    ) -> AliasMove | Promotion | None:
+        """Point ``alias`` at ``version``: the move, the pending request of a protected alias, or None if already there.
+
+        With ``wait`` (seconds), a move returns once every live inference process serves it, or raises
+        :class:`~modelyard.client.errors.GatewayTimeout` naming the laggards (the alias has moved).
+        """
+        response = self.request(
+            "PUT",
+            f"/api/v1/models/{_q(name)}/aliases/{_q(alias)}",
+            params={"wait": wait},
+            json_body={"version": version, "reason": reason, "force": force},
+            timeout=self.timeout + (wait or 0),
+        )
+        body = response.json()
+        if response.status_code == 202:
+            return Promotion.from_json(body)
+        return AliasMove.from_json(body["move"]) if body.get("move") else None
+
+    def list_promotions(self, *, state: str = "", model: str = "", kind: str = "") -> list[Promotion]:
+        params = {"state": state, "model": model, "kind": kind}
+        return [Promotion.from_json(item) for item in self._pages("/api/v1/promotions", params)]
+
+    def get_promotion(self, promotion_id: int) -> Promotion:
+        return Promotion.from_json(self._json("GET", f"/api/v1/promotions/{int(promotion_id)}"))
+
+    def approve(self, promotion_id: int, *, reason: str = "", wait: float | None = None) -> Promotion:
+        """Approve another person's request (the approver role); with ``wait``, until the fleet serves the version."""
+        body = self._json(
+            "POST",
+            f"/api/v1/promotions/{int(promotion_id)}/approve",
+            params={"wait": wait},
+            json_body={"reason": reason},
+            timeout=self.timeout + (wait or 0),
+        )
+        return Promotion.from_json(body)
+
+    def reject(self, promotion_id: int, *, reason: str = "") -> Promotion:
+        path = f"/api/v1/promotions/{int(promotion_id)}/reject"
+        return Promotion.from_json(self._json("POST", path, json_body={"reason": reason}))
+
+    def cancel(self, promotion_id: int, *, reason: str = "") -> Promotion:
+        path = f"/api/v1/promotions/{int(promotion_id)}/cancel"
+        return Promotion.from_json(self._json("POST", path, json_body={"reason": reason}))
+
+    def rollback(self, name: str, alias: str, *, reason: str = "") -> AliasMove:
+        path = f"/api/v1/models/{_q(name)}/aliases/{_q(alias)}/rollback"
+        return AliasMove.from_json(self._json("POST", path, json_body={"reason": reason}))
+
+    @overload
+    def history(self, name: str, alias: str) -> list[AliasMove]: ...
+
+    @overload
+    def history(self, name: str, alias: str, *, at: datetime | str) -> AliasAt: ...
+
+    def history(self, name: str, alias: str, *, at: datetime | str | None = None) -> list[AliasMove] | AliasAt:
+        """Every move of an alias, oldest first; with ``at`` (aware datetime or ISO text), the version served then."""
+        path = f"/api/v1/models/{_q(name)}/aliases/{_q(alias)}/history"
+        if at is None:
+            return [AliasMove.from_json(item) for item in self._json("GET", path)]
+        when = at.isoformat() if isinstance(at, datetime) else at
+        return AliasAt.from_json(self._json("GET", path, params={"at": when}))
+
+    # --- Audit -------------------------------------------------------------------------------------------
+
+    def audit(
+        self,
+        *,
+        actor: str = "",
+        action: str = "",
+        model: str = "",
+        since: datetime | str | None = None,
+        until: datetime | str | None = None,
+        order: str = "-seq",
+        page_size: int = 500,
+    ) -> Iterator[AuditEvent]:
+        """Every audit event that matches, across all pages (the auditor or admin role); newest first by default."""
+        params = {
+            "actor": actor,
+            "action": action,
+            "model": model,
+            "since": since.isoformat() if isinstance(since, datetime) else since,
+            "until": until.isoformat() if isinstance(until, datetime) else until,
+            "order": order,
+            "page_size": page_size,
+        }
+        for item in self._pages("/api/v1/audit", params):
+            yield AuditEvent.from_json(item)
+
+    def export_audit(self, out: IO[bytes], *, format: str = "jsonl", **filters: Any) -> int:
+        """Stream the matching events in seq order as ``csv`` or ``jsonl`` into ``out``; returns the bytes written."""
+        params = {key: value.isoformat() if isinstance(value, datetime) else value for key, value in filters.items()}
+        written = 0
+        with self.request("GET", "/api/v1/audit/export", params={**params, "format": format}, stream=True) as response:
+            for block in response.iter_content(DOWNLOAD_BLOCK):
+                out.write(block)
+                written += len(block)
+        return written
+
+    def verify_audit(self) -> AuditVerdict:
+        """Recompute the hash chain on the server: ``ok``, events ``checked``, and the first bad one."""
+        return AuditVerdict.from_json(self._json("GET", "/api/v1/audit/verify"))
+
+    # --- Inference (/v2) ---------------------------------------------------------------------------------
+
+    def _v2_path(self, name: str, version: int | str | None) -> str:
+        path = f"/v2/models/{_q(name)}"
+        return path if version is None else f"{path}/versions/{_q(version)}"
+
+    def model_metadata(self, name: str, version: int | str | None = None) -> dict[str, Any]:
+        """``GET /v2/models/{name}``: its inputs and outputs (datatype, shape with -1 for dynamic dimensions)."""
+        return dict(self._json("GET", self._v2_path(name, version)))
+
+    def infer(
+        self,
+        name: str,
+        inputs: Mapping[str, Any],
+        *,
+        version: int | str | None = None,
+        outputs: Sequence[str] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Run the model (its ``production`` alias, or ``version``: a number or a served alias) on numpy inputs.
+
+        Inputs and outputs travel as binary tensors; each array's dtype must be the input's datatype
+        (float32 for FP32, and so on; strings or bytes for BYTES).
+        """
+        body, header_length = tensors.encode_request(inputs, outputs)
+        response = self.request(
+            "POST",
+            self._v2_path(name, version) + "/infer",
+            data=body,
+            headers={"Content-Type": "application/octet-stream", tensors.HEADER_LENGTH: str(header_length)},
+        )
+        return tensors.decode_response(response.content, response.headers.get(tensors.HEADER_LENGTH))
+
+    # --- Webhooks (admins) ----------------------------------------------------------------------------------
+
+    def list_webhooks(self) -> list[Webhook]:
+        return [Webhook.from_json(item) for item in self._pages("/api/v1/webhooks")]
+
+    def create_webhook(
+        self,
+        url: str,
+        events: Sequence[str],
+        *,
+        model: str | None = None,
+        secret: str | None = None,
+        active: bool = True,
+    ) -> tuple[Webhook, str | None]:
+        """Register an endpoint; returns it and the generated secret (None when ``secret`` was given)."""
+        body: dict[str, Any] = {"url": url, "events": list(events), "model": model, "active": active}
+        if secret is not None:
+            body["secret"] = secret
+        answer = self._json("POST", "/api/v1/webhooks", json_body=body)
+        return Webhook.from_json(answer), answer.get("secret")
+
+    def update_webhook(self, webhook_id: int, **changes: Any) -> Webhook:
+        """Change ``url``, ``events``, ``model``, ``active`` or ``secret``."""
+        return Webhook.from_json(self._json("PATCH", f"/api/v1/webhooks/{int(webhook_id)}", json_body=changes))
+
+    def delete_webhook(self, webhook_id: int) -> None:
+        self.request("DELETE", f"/api/v1/webhooks/{int(webhook_id)}")
+
+    def webhook_deliveries(self, webhook_id: int, *, status: str = "") -> list[Delivery]:
+        path = f"/api/v1/webhooks/{int(webhook_id)}/deliveries"
+        return [Delivery.from_json(item) for item in self._pages(path, {"status": status})]
+
+    # --- Identity -----------------------------------------------------------------------------------------
+
+    def whoami(self) -> dict[str, Any]:
+        """``GET /api/v1/me``: the caller's ``username``, ``roles``, and the ``token`` used (never its secret)."""
+        return dict(self._json("GET", "/api/v1/me"))
+
+
+def _login_error(page: str) -> str:
+    """The refusal the login page shows (a lockout names until when); otherwise the usual words."""
+    found = re.search(r'role="alert"[^>]*>(.*?)</', page, re.DOTALL)
+    text = html.unescape(re.sub(r"<[^>]+>", "", found.group(1))).strip() if found else ""
+    return text or "Wrong username or password."
+
+
+def token_from_password(
+    url: str,
+    username: str,
+    password: str,
+    *,
+    name: str = "modelyard login",
+    expires_days: int | None = None,
+    timeout: float = 60.0,
+) -> str:
+    """Sign in with a password the way a browser does, create an API token, and sign out; returns the token.
+
+    Tokens can only be created from a signed-in session (a token cannot mint tokens), so this uses
+    the web login (``/accounts/login/``, with its CSRF token): its lockout, rate and audit rules
+    apply, and the password never goes anywhere else.
+    """
+    base = url.rstrip("/")
+    login_url = f"{base}/accounts/login/"
+    session = requests.Session()
+    session.headers["User-Agent"] = _user_agent()
+    try:
+        form = session.get(login_url, timeout=(CONNECT_TIMEOUT, timeout))
+        csrf = session.cookies.get("csrftoken")
+        if form.status_code != 200 or not csrf:
+            raise ModelyardError(f"{login_url} offers no login form (status {form.status_code})")
+        answer = session.post(
+            login_url,
+            data={"username": username, "password": password, "csrfmiddlewaretoken": csrf, "next": "/"},
+            headers={"Referer": login_url},
+            allow_redirects=False,
+            timeout=(CONNECT_TIMEOUT, timeout),
+        )
+        if answer.status_code != 302:
+            raise Unauthorized(f"login failed: {_login_error(answer.text)}", status=401)
+        csrf = session.cookies.get("csrftoken") or csrf  # Django rotates it at login
+        created = session.post(
+            f"{base}/api/v1/tokens",
+            json={"name": name, "expires_days": expires_days},
+            headers={"X-CSRFToken": csrf, "Referer": f"{base}/"},
+            timeout=(CONNECT_TIMEOUT, timeout),
+        )
+        if created.status_code != 201:
+            raise _error_of(created)
+        token = str(created.json()["token"])
+        session.post(
+            f"{base}/accounts/logout/",
+            data={"csrfmiddlewaretoken": session.cookies.get("csrftoken") or csrf},
+            headers={"Referer": f"{base}/"},
+            allow_redirects=False,
+            timeout=(CONNECT_TIMEOUT, timeout),
+        )
+        return token
+    except requests.RequestException as exc:
+        raise ConnectionFailed(f"cannot reach {base}: {exc}") from exc

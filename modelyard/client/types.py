@@ -1,0 +1,169 @@
+"""What the registry API answers, as typed records; each keeps the whole answer in ``raw`` for ``--json``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Self
+
+
+class _Record:
+    """Build from an answer: the fields the record names, the whole answer in ``raw``."""
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Self:
+        names = {f.name for f in fields(cls) if f.init} - {"raw"}  # type: ignore[arg-type]
+        return cls(**{name: data[name] for name in names if name in data}, raw=data)  # type: ignore[call-arg]
+
+
+@dataclass(frozen=True)
+class Model(_Record):
+    name: str
+    description: str = ""
+    tags: list[str] = field(default_factory=list)
+    last_version: int = 0
+    serving_strategy: str = ""
+    created_by: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class File(_Record):
+    name: str
+    role: str = ""
+    sha256: str = ""
+    size_bytes: int = 0
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class Version(_Record):
+    model: str
+    version: int
+    status: str
+    description: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    sha256: str = ""
+    size_bytes: int = 0
+    signature: dict[str, Any] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    created_by: str | None = None
+    created_at: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def files(self) -> list[File]:
+        return [File.from_json(item) for item in self.raw.get("files") or []]
+
+    @property
+    def model_file(self) -> File:
+        return next(f for f in self.files if f.role == "model")
+
+
+@dataclass(frozen=True)
+class Alias(_Record):
+    alias: str
+    version: int | None = None
+    protected: bool = False
+    served: bool = False
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class AliasMove(_Record):
+    """One move of an alias: from, to, how (set, rollback, approval), who and why."""
+
+    from_version: int | None
+    to_version: int
+    kind: str = ""
+    reason: str = ""
+    forced: bool = False
+    moved_by: str | None = None
+    moved_at: str = ""
+    promotion: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class Promotion(_Record):
+    """A four-eyes request on a protected alias (``kind`` move or unprotect) and its decision."""
+
+    id: int
+    kind: str
+    model: str
+    alias: str
+    version: int | None
+    state: str
+    base_version: int | None = None
+    reason: str = ""
+    requested_by: str = ""
+    decided_by: str | None = None
+    decision_reason: str = ""
+    expires_at: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class AliasAt(_Record):
+    """Which version an alias pointed to at a time (``version`` None: none yet)."""
+
+    alias: str
+    at: str
+    version: int | None = None
+    since: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class AuditVerdict(_Record):
+    """``GET /audit/verify``: whether the hash chain holds, and where it first breaks."""
+
+    ok: bool
+    checked: int = 0
+    first_bad_seq: int | None = None
+    reason: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class AuditEvent(_Record):
+    """One event of the audit log, with its place in the hash chain."""
+
+    seq: int
+    at: str
+    actor: str
+    action: str
+    target_type: str = ""
+    target: str = ""
+    model: str = ""
+    before: Any = None
+    after: Any = None
+    hash: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class Webhook(_Record):
+    """An endpoint the registry POSTs signed events to."""
+
+    id: int
+    url: str
+    events: list[str] = field(default_factory=list)
+    model: str | None = None
+    active: bool = True
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class Delivery(_Record):
+    """One event sent (or being sent) to a webhook: its attempts and how the last one went."""
+
+    id: str
+    event: str
+    status: str
+    attempts: int = 0
+    model: str = ""
+    version: int | None = None
+    last_status_code: int | None = None
+    last_error: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)

@@ -1,0 +1,70 @@
+"""The README's quick tour, run literally: its commands as they are written, in order, in a folder of their own.
+
+The only things this test chooses are what the tour itself reads from the environment: ``PORT``
+(a free one), and ``HOME``/``XDG_CONFIG_HOME`` (so the profiles it saves land in a temporary
+folder). The folder holds what a fresh clone's tour touches (the Makefile, pyproject.toml and
+scripts/), and the venv ``make install`` made, so that ``make install`` finds nothing to do.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from modelyard.processes import kill_group
+from tests.support.processes import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def quick_tour() -> str:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Quick tour") :]
+    found = re.search(r"```sh\n(.*?)\n```", section, re.DOTALL)
+    assert found is not None, "the quick tour has no ```sh block"
+    return found.group(1)
+
+
+def test_the_readme_quick_tour_runs_as_written(tmp_path):
+    clone = tmp_path / "modelyard"
+    clone.mkdir()
+    for name in ("Makefile", "pyproject.toml", "scripts", ".venv"):
+        (clone / name).symlink_to(ROOT / name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MODELYARD_", "DJANGO_"))}
+    env.update(PORT=str(free_port()), HOME=str(tmp_path / "home"), XDG_CONFIG_HOME=str(tmp_path / "home" / ".config"))
+    up_to_date = subprocess.run(["make", "-q", "install"], cwd=clone, env=env, capture_output=True)
+    assert up_to_date.returncode == 0, "the venv is older than pyproject.toml: run `make install` first"
+
+    tour = quick_tour()
+    assert tour.startswith("make install")
+    process = subprocess.Popen(
+        ["bash", "-e", "-o", "pipefail", "-c", tour],
+        cwd=clone,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # the tour leaves its server running: stopped with the group below
+    )
+    try:
+        out, err = process.communicate(timeout=300)
+    finally:
+        kill_group(process)
+    log = (clone / "modelyard.log").read_text(errors="replace") if (clone / "modelyard.log").exists() else ""
+    assert process.returncode == 0, f"stdout:\n{out}\nstderr:\n{err}\nserver log:\n{log}"
+
+    assert '"status": "ready"' in out
+    assert "Logged in to http://127.0.0.1:" in out and "saved as profile 'bob'" in out
+    assert "Version 1 of 'example' is ready (sha256 " in out
+    assert "Uploading model.onnx + 1 file(s) [########################] 100.0%" in err
+    assert "'production' is protected: promotion request 1 is pending." in out
+    assert "Approved promotion 1: 'production' of 'example' now points to version 1." in out
+    assert "y  float32  [1, 2]\n[[4.5 6.5]]\n" in out
+    assert "Pulled 'example' version 1 (2 file(s), sha256 checked) into pulled." in out
+    assert re.search(r"Audit chain OK: \d+ events checked\.", out)
+    assert out.rstrip().endswith("{'y': array([[4.5, 6.5]], dtype=float32)}")
+    assert sorted(p.name for p in (clone / "pulled").iterdir()) == ["model.onnx", "model.onnx.data"]
+    assert (clone / ".modelyard" / "modelyard.sqlite3").exists()  # the embedded default, in the tour's folder

@@ -1,0 +1,287 @@
+"""Every user command against a live server, as two people with their own profiles; webhooks received and checked.
+
+The server is ``modelyard serve`` on the embedded default (SQLite, in-process tasks); the commands
+are the installed ``modelyard`` in processes of their own; the webhook receiver is a real HTTP
+server on 127.0.0.1 that checks each signature.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from tests.support.embedded import LiveServer
+from tests.support.polling import eventually
+from tests.support.webhooks import webhook_receiver
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET = "the-receivers-shared-secret"
+
+
+def ok(done: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
+    assert done.returncode == 0, f"exit {done.returncode}\nstdout: {done.stdout}\nstderr: {done.stderr}"
+    return done
+
+
+def example_model(folder: Path) -> None:
+    ok(
+        subprocess.run(
+            [sys.executable, str(ROOT / "scripts" / "example_model.py"), str(folder)], capture_output=True, text=True
+        )
+    )
+
+
+def test_every_command_against_a_live_server(live: LiveServer):
+    alice_token = live.createtoken("alice", "admin")
+    bob_token = live.createtoken("bob", "approver")
+    outputs: list[str] = []  # everything the commands printed, checked for secrets at the end
+
+    def run(*args: str, stdin: str | None = None, expect: int = 0) -> subprocess.CompletedProcess[str]:
+        done = live.run(*args, stdin=stdin)
+        outputs.append(done.stdout + done.stderr)
+        assert done.returncode == expect, f"{args}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+        return done
+
+    # Profiles: alice is the default, bob has his own; the file is the owner's alone.
+    login = run("login", live.url, "--token", alice_token)
+    config = live.folder / "home" / ".config" / "modelyard" / "config.toml"
+    assert login.stdout == f"Logged in to {live.url} as alice (admin); saved as profile 'default' in {config}.\n"
+    run("login", live.url, "--profile", "bob", "--token", bob_token)
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+
+    with webhook_receiver() as receiver:
+        hooks = run(
+            "webhooks",
+            "add",
+            receiver.url,
+            "--event",
+            "version.ready",
+            "--event",
+            "promotion.requested",
+            "--event",
+            "promotion.approved",
+            "--event",
+            "alias.moved",
+            "--secret-stdin",
+            stdin=SECRET + "\n",
+        )
+        assert hooks.stdout.startswith("Registered webhook ")
+        assert SECRET not in hooks.stdout + hooks.stderr
+
+        # Push with a progress bar, wait for validation, print the signature.
+        example_model(live.folder)
+        push = run(
+            "push",
+            "example",
+            "model.onnx",
+            "model.onnx.data",
+            "--description",
+            "first cut",
+            "--metadata",
+            '{"run": "42"}',
+        )
+        assert "Created model 'example'." in push.stderr
+        progress = push.stderr.splitlines()[-1]
+        assert progress.startswith("Uploading model.onnx + 1 file(s) [########################] 100.0%")
+        assert "/s  in 0:0" in progress
+        assert push.stdout.splitlines()[0].startswith("Version 1 of 'example' is ready (sha256 ")
+        assert push.stdout.splitlines()[1:] == ["  input   x  FP32  [-1, 4]", "  output  y  FP32  [-1, 2]"]
+
+        models = run("models")
+        assert models.stdout.splitlines()[1].split() == ["example", "1"]
+        versions = json.loads(run("versions", "example", "--json").stdout)
+        assert [(v["version"], v["status"], v["metadata"]) for v in versions] == [(1, "ready", {"run": "42"})]
+        show = run("show", "example", "1")
+        assert "  file     model.onnx.data  external_data  36 B  " in show.stdout
+
+        # Promote: production is protected, so a request; bob approves it from his profile and waits for the fleet.
+        promote = run("promote", "example", "production", "1", "--reason", "first release")
+        assert promote.stdout == (
+            "'production' is protected: promotion request 1 is pending.\nAnother approver runs: modelyard approve 1\n"
+        )
+        own = run("approve", "1", expect=1)  # alice may not approve her own request
+        assert own.stderr == "modelyard approve: you requested this promotion; another approver must approve it\n"
+        approve = run("approve", "1", "--profile", "bob", "--reason", "looks good", "--wait", "60")
+        assert approve.stdout == "Approved promotion 1: 'production' of 'example' now points to version 1.\n"
+
+        # Infer over /v2 binary tensors.
+        infer = run("infer", "example", "--input", "x=[[1, 2, 3, 4]]")
+        assert infer.stdout == "y  float32  [1, 2]\n[[4.5 6.5]]\n"
+        np.save(live.folder / "x.npy", np.array([[0, 1, 0, 1], [1, 1, 1, 1]], dtype=np.float64))  # cast to FP32
+        infer_json = json.loads(run("infer", "example", "--input", "x=x.npy", "--json").stdout)
+        assert infer_json == {"y": {"shape": [2, 2], "dtype": "float32", "data": [[0.5, 2.5], [2.5, 2.5]]}}
+
+        # Pull every file, sha256 checked, and load it with ONNX Runtime.
+        pull = run("pull", "example", "production", "pulled")
+        assert pull.stdout.splitlines()[0] == "Pulled 'example' version 1 (2 file(s), sha256 checked) into pulled."
+        assert pull.stderr.splitlines()[-1].startswith("Downloading example version 1 [####")
+        assert sorted(p.name for p in (live.folder / "pulled").iterdir()) == ["model.onnx", "model.onnx.data"]
+        session = ort.InferenceSession(str(live.folder / "pulled" / "model.onnx"), providers=["CPUExecutionProvider"])
+        [y] = session.run(None, {"x": np.array([[1, 2, 3, 4]], dtype=np.float32)})
+        assert y.tolist() == [[4.5, 6.5]]
+
+        # A second version: a direct move on an unprotected alias, a rollback, a rejected request, the history.
+        run("push", "example", "model.onnx", "model.onnx.data", "--quiet")
+        moved = run("promote", "example", "staging", "1", "--reason", "try")
+        assert moved.stdout == "Moved 'staging' of 'example' from version None to 1.\n"
+        assert run("promote", "example", "staging", "2").stdout == "Moved 'staging' of 'example' from version 1 to 2.\n"
+        rollback = run("rollback", "example", "staging", "--reason", "back")
+        assert rollback.stdout == "Rolled 'staging' of 'example' back from version 2 to 1.\n"
+        run("promote", "example", "production", "2", "--reason", "next")
+        pending = json.loads(run("promotions", "--state", "pending", "--json").stdout)
+        assert [(p["id"], p["version"], p["requested_by"]) for p in pending] == [(2, 2, "alice")]
+        assert run("reject", "2", "--profile", "bob", "--reason", "not yet").stdout == (
+            "Rejected promotion 2: production of 'example' -> version 2 (rejected).\n"
+        )
+        history = run("history", "example", "staging").stdout.splitlines()
+        assert [line.split()[1:4] for line in history[1:]] == [
+            ["1", "set", "alice"],
+            ["1", "2", "set"],
+            ["2", "1", "rollback"],
+        ]
+        at = run("history", "example", "production", "--at", "2099-01-01T00:00:00Z")
+        assert at.stdout.startswith(
+            "At 2099-01-01T00:00:00+00:00, 'production' of 'example' pointed to version 1 (since "
+        )
+
+        # The audit log: listed, exported, verified.
+        audit = run("audit", "--limit", "3", "--action", "promotion.")
+        assert [line.split()[3] for line in audit.stdout.splitlines()[1:]] == [
+            "promotion.reject",
+            "promotion.request",
+            "promotion.approve",
+        ]
+        run("audit", "--export", "jsonl", "--output", "audit.jsonl")
+        exported = [json.loads(line) for line in (live.folder / "audit.jsonl").read_text().splitlines()]
+        assert [e["seq"] for e in exported] == list(range(1, len(exported) + 1))
+        assert run("audit", "--verify").stdout == f"Audit chain OK: {len(exported)} events checked.\n"
+        assert run("audit", "--verify", "--profile", "bob", expect=1).stderr == (
+            "modelyard audit: reading the audit log needs the auditor or admin role\n"
+        )
+
+        # The webhooks came in, each signed with the shared secret.
+        expected = ["version.ready", "promotion.requested", "promotion.approved", "alias.moved"]
+        eventually(lambda: set(expected) <= set(receiver.events()), timeout=30, what=lambda: receiver.events())
+        assert all(request.signature_ok(SECRET) for request in receiver.received)
+        first = next(r.json for r in receiver.received if r.json["event"] == "alias.moved")
+        assert (first["model"], first["version"], first["details"]["moved_by"]) == ("example", 1, "bob")
+        deliveries = json.loads(run("webhooks", "deliveries", hooks.stdout.split()[2].rstrip(":"), "--json").stdout)
+        assert {d["status"] for d in deliveries} == {"delivered"}
+
+    # No command printed a secret.
+    assert not [text for text in outputs if alice_token in text or bob_token in text or SECRET in text]
+
+
+def test_refusals_exit_1_with_the_servers_message_and_json_for_scripts(live: LiveServer):
+    token = live.createtoken("carl", "maintainer")
+    env_token = ("--token", token)
+    missing = live.run("promote", "nothing", "production", "1", *env_token)
+    assert (missing.returncode, missing.stdout) == (1, "")
+    assert missing.stderr == "modelyard promote: not found\n"
+    as_json = live.run("show", "nothing", "3", "--json", *env_token)
+    assert as_json.returncode == 1
+    assert json.loads(as_json.stdout) == {"error": "not found", "detail": None, "status": 404}
+    bad_token = live.run("models", "--token", "my_0000_bogus")
+    assert (bad_token.returncode, bad_token.stderr) == (1, "modelyard models: invalid or revoked API token\n")
+    no_server = live.run("models", "--url", "http://127.0.0.1:9", *env_token)
+    assert no_server.returncode == 1 and no_server.stderr.startswith(
+        "modelyard models: cannot reach http://127.0.0.1:9"
+    )
+    env = {k: v for k, v in live.env.items() if k not in ("MODELYARD_URL", "MODELYARD_TOKEN")}
+    unconfigured = subprocess.run(
+        [sys.executable, "-m", "modelyard.cli", "models"],
+        env={**env, "HOME": str(live.folder / "nobody"), "XDG_CONFIG_HOME": str(live.folder / "nobody")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert unconfigured.returncode == 2
+    assert unconfigured.stderr.startswith("modelyard models: no server: pass --url, set MODELYARD_URL")
+
+
+def test_an_upload_over_the_limit_is_refused_with_the_servers_message(live: LiveServer):
+    token = live.createtoken("dora", "maintainer")
+    big = live.folder / "big.onnx"
+    big.write_bytes(b"\0" * 2_100_000)  # MODELYARD_MAX_UPLOAD_BYTES is 2,000,000 on this server
+    done = live.run("push", "big", str(big), "--token", token, "--quiet")
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == "modelyard push: the request body is larger than the limit of 2000000 bytes"
+
+
+def test_login_with_a_password_makes_a_token_and_a_lockout_is_reported(live: LiveServer):
+    live.createtoken("erin", "viewer")
+    setpw = live.run(
+        "manage",
+        "shell",
+        "-c",
+        "from django.contrib.auth import get_user_model as g; u = g().objects.get(username='erin'); "
+        "u.set_password('a long enough password'); u.save()",
+    )
+    assert setpw.returncode == 0, setpw.stderr
+
+    wrong = live.run("login", live.url, "--profile", "erin", "--username", "erin", "--password-stdin", stdin="nope\n")
+    assert (wrong.returncode, wrong.stderr) == (1, "modelyard login: login failed: Wrong username or password.\n")
+    right = live.run(
+        "login",
+        live.url,
+        "--profile",
+        "erin",
+        "--username",
+        "erin",
+        "--password-stdin",
+        "--json",
+        stdin="a long enough password\n",
+    )
+    assert right.returncode == 0, right.stderr
+    assert json.loads(right.stdout)["user"] == "erin"
+    assert "my_" not in right.stdout + right.stderr
+    assert live.run("models", "--profile", "erin").returncode == 0  # the saved token works
+    with sqlite3.connect(live.folder / "data" / "modelyard.sqlite3") as db:
+        [(name,)] = db.execute(
+            "SELECT t.name FROM registry_apitoken t JOIN auth_user u ON u.id = t.user_id WHERE u.username = 'erin' "
+            "AND t.name != ''"
+        ).fetchall()
+        assert name == "modelyard login"
+        sessions = db.execute("SELECT COUNT(*) FROM django_session").fetchone()[0]
+    assert sessions == 0  # signed out again: no session outlives the login
+
+    for _ in range(3):  # MODELYARD_LOGIN_MAX_FAILURES is 3 on this server
+        live.run("login", live.url, "--profile", "erin", "--username", "erin", "--password-stdin", stdin="nope\n")
+    locked = live.run(
+        "login",
+        live.url,
+        "--profile",
+        "erin",
+        "--username",
+        "erin",
+        "--password-stdin",
+        stdin="a long enough password\n",
+    )
+    assert locked.returncode == 1
+    assert locked.stderr.startswith(
+        "modelyard login: login failed: Too many failed logins for 'erin': logging in is locked"
+    )
+
+
+def test_a_pulled_file_whose_sha256_does_not_match_is_not_kept(live: LiveServer):
+    token = live.createtoken("finn", "maintainer")
+    example_model(live.folder / "finn")
+    pushed = live.run(
+        "push", "tampered", "finn/model.onnx", "finn/model.onnx.data", "--token", token, "--quiet", "--json"
+    )
+    assert pushed.returncode == 0, pushed.stderr
+    [stored] = (live.folder / "data" / "artifacts").rglob("tampered/*/model.onnx.data")
+    stored.write_bytes(b"\1" * stored.stat().st_size)
+
+    done = live.run("pull", "tampered", "1", "out", "--token", token, "--quiet")
+    assert done.returncode == 1
+    assert "modelyard pull: model.onnx.data of 'tampered' version 1: sha256 " in done.stderr
+    assert done.stderr.rstrip().endswith("; the file was not kept")
+    assert sorted(p.name for p in (live.folder / "out").iterdir()) == ["model.onnx"]

@@ -1,0 +1,38 @@
+"""The client and the user commands run without the server's code: no Django, no Celery, no ONNX."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+# Any import of these now raises ImportError.
+BLOCK = (
+    "import sys\n"
+    "for name in ('django', 'celery', 'onnx', 'onnxruntime', 'registry', 'inference', 'storage'):\n"
+    "    sys.modules[name] = None\n"
+)
+
+
+def run_python(code: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}
+    return subprocess.run([sys.executable, "-c", BLOCK + code], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_the_client_imports_with_the_server_code_unimportable():
+    done = run_python(
+        "import modelyard.client, modelyard.client.commands\n"
+        "server = ('django', 'celery', 'onnx', 'registry', 'inference', 'storage', 'modelyard.settings')\n"
+        "print(sorted(m for m, module in sys.modules.items() if module is not None and m.startswith(server)))\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert done.stderr == ""
+
+
+def test_a_user_command_runs_with_the_server_code_unimportable():
+    done = run_python(
+        "from modelyard.cli import main\n"
+        "sys.exit(main(['models', '--url', 'http://127.0.0.1:9', '--token', 'my_x_y']))\n"
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("modelyard models: cannot reach http://127.0.0.1:9: ")

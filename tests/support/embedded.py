@@ -1,0 +1,118 @@
+"""``modelyard`` as a user runs it: the embedded default (SQLite and artifacts in a data folder) in real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from modelyard.processes import kill_group
+from tests.support.processes import free_port
+
+MODELYARD = str(Path(sys.executable).with_name("modelyard"))
+
+
+def embedded_env(data_dir: Path, home: Path | None = None, **extra: str) -> dict[str, str]:
+    """No configuration at all, as on a laptop, plus ``extra``; ``home`` keeps saved profiles out of the real one."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELYARD_") and k != "DJANGO_SETTINGS_MODULE"}
+    env["MODELYARD_DATA_DIR"] = str(data_dir)
+    if home is not None:
+        env["HOME"] = str(home)
+        env["XDG_CONFIG_HOME"] = str(home / ".config")
+    env.update(extra)
+    return env
+
+
+def answers(url: str, timeout: float = 2.0) -> int | None:
+    """The status a GET of ``url`` gets, or None when nothing answers."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return None
+
+
+class EmbeddedServer:
+    """``modelyard serve`` on the embedded default in a process group of its own; stopped with the group."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, *, cwd: Path | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        with log_path.open("wb") as log:
+            self.process = subprocess.Popen(
+                [MODELYARD, "serve", "--port", str(self.port), "--log-level", "warning"],
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while answers(f"{self.url}/readyz") != 200:
+            if self.process.poll() is not None:
+                raise AssertionError(f"modelyard serve exited with {self.process.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"modelyard serve was not ready within {timeout} s:\n{self.log()}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        kill_group(self.process, timeout=30)
+
+
+def modelyard(
+    env: dict[str, str], *args: str, stdin: str | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run one ``modelyard`` command as a user would; returns its exit status and output."""
+    return subprocess.run(
+        [MODELYARD, *args], env=env, input=stdin, capture_output=True, text=True, timeout=180, cwd=cwd
+    )
+
+
+@dataclass
+class LiveServer:
+    """An embedded server and the environment of a user beside it (their own HOME, so their own profiles)."""
+
+    server: EmbeddedServer
+    env: dict[str, str]
+    folder: Path
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def run(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return modelyard(self.env, *args, stdin=stdin, cwd=self.folder)
+
+    def createtoken(self, username: str, *roles: str) -> str:
+        argv = ["createtoken", username, "--create-user"]
+        for role in roles:
+            argv += ["--role", role]
+        done = self.run(*argv)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip().splitlines()[-1]
+
+
+def start_live_server(folder: Path, **settings: str) -> LiveServer:
+    """``modelyard serve`` on a fresh data folder in ``folder``, with ``settings`` in its environment."""
+    folder.mkdir(parents=True, exist_ok=True)
+    env = embedded_env(folder / "data", folder / "home", MODELYARD_PROVIDERS="cpu", **settings)
+    server = EmbeddedServer(env, folder / "serve.log", cwd=folder)
+    try:
+        server.wait_ready()
+    except BaseException:
+        server.stop()
+        raise
+    return LiveServer(server=server, env={**env, "MODELYARD_URL": server.url}, folder=folder)
