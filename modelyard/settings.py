@@ -207,7 +207,10 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "expire-promotions": {"task": "registry.tasks.expire_promotions", "schedule": 300.0},
     "collect-orphaned-artifacts": {"task": "registry.tasks.collect_orphaned_artifacts", "schedule": 3600.0},
     "summarise-auth-failures": {"task": "registry.tasks.summarise_auth_failures", "schedule": 60.0},
+    # Incremental: each run checks only the events appended since the last one (at most AUDIT_VERIFY_MAX_EVENTS).
+    "verify-audit-chain": {"task": "registry.tasks.verify_audit_chain", "schedule": 300.0},
 }
+AUDIT_VERIFY_MAX_EVENTS = env_int("MODELYARD_AUDIT_VERIFY_MAX_EVENTS", 100_000, minimum=1)
 
 # --- Cache -----------------------------------------------------------------------------------
 # Holds the API throttling counters. Redis when MODELYARD_CACHE_URL (or else a redis:// broker) is

@@ -14,7 +14,7 @@ from typing import Any
 from celery import shared_task
 from django.conf import settings
 
-from registry import artifacts, audit, inprocess, promotions, selectors, services, validation_job
+from registry import artifacts, audit, audit_verify, inprocess, promotions, selectors, services, validation_job
 from registry.models import ModelVersion
 from storage import StorageUnavailable
 
@@ -68,6 +68,12 @@ def summarise_auth_failures() -> int:
         handled = audit.audit_auth_failures_summarise()
         total += handled
     return total
+
+
+@shared_task
+def verify_audit_chain() -> bool:
+    """Check the audit events appended since the last run; ``/metrics`` exports the verdict."""
+    return audit_verify.audit_chain_check_run(max_events=settings.AUDIT_VERIFY_MAX_EVENTS).ok
 
 
 # --- Queueing ------------------------------------------------------------------------------------
