@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 from os import environ
 from pathlib import Path
 from typing import Any
