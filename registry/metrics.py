@@ -28,7 +28,7 @@ from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Min, Q, Sum
 from django.utils import timezone
 from prometheus_client import Histogram
@@ -224,7 +224,7 @@ class DatabaseCollector:
     """The registry's state for a scrape; blocking (run the scrape in a thread)."""
 
     def collect(self) -> Iterator[Metric]:
-        close_old_connections()
+        _fresh_connection()
         up = GaugeMetricFamily(
             "modelyard_registry_metrics_up", "1 when the registry's metrics could be read from the database, else 0"
         )
@@ -288,5 +288,14 @@ async def _token_allowed(scope: dict[str, Any]) -> bool:
 
 
 def _may_scrape(token: str) -> bool:
-    close_old_connections()
+    _fresh_connection()
     return serving.token_may_infer(token)
+
+
+def _fresh_connection() -> None:
+    """Scrapes run on a server's worker threads, which keep their connections: drop one broken or too old.
+
+    Not inside a transaction (a caller's own, as in tests), where Django would take it for a leak.
+    """
+    if not connection.in_atomic_block:
+        close_old_connections()

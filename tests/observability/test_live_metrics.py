@@ -127,7 +127,6 @@ def _described(family: object) -> list[object]:
     return [SimpleNamespace(name=family.name)]  # type: ignore[attr-defined]
 
 
-@pytest.mark.slow
 def test_a_real_prometheus_sees_the_error_rate_alert_go_pending(live: LiveServer, tmp_path):
     from tests.support.prometheus import RULES, PrometheusServer
 
