@@ -43,7 +43,7 @@ def test_an_alias_moving_to_another_loaded_version_counts_one_swap(owner, approv
 
 def test_a_version_failing_to_load_is_counted_until_it_is_no_longer_wanted(owner, approver, make_runtime):
     create_model(owner)
-    v1, v2 = upload_versions(owner, [1.0, 2.0])
+    v1, _ = upload_versions(owner, [1.0, 2.0])
     promote(owner, approver, 1)
     artifact_path(v1).unlink()  # v1 can never load
     runtime = make_runtime()

@@ -1,4 +1,4 @@
-"""The ``live`` fixture: one real ``modelyard serve --role all --workers 2`` for a test module (``tests/support/live.py``).
+"""The ``live`` fixture: one real ``modelyard serve --role all --workers 2`` per module (``tests/support/live.py``).
 
 Like the compat tests' server, it works on committed data outside any test's transaction, and
 flushes the database afterwards.

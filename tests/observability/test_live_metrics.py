@@ -1,4 +1,4 @@
-"""``/metrics`` of a real ``modelyard serve --role all --workers 2``: it adds up, and it has what the rules and dashboard read.
+"""``/metrics`` of a real ``modelyard serve --role all --workers 2``: it adds up, and has what rules and dashboard read.
 
 Before, each worker process had its own registry: successive scrapes flipped between the counts
 of whichever process answered (8, then 3, ...), which Prometheus reads as counter resets.
@@ -6,11 +6,9 @@ of whichever process answered (8, then 3, ...), which Prometheus reads as counte
 
 from __future__ import annotations
 
-import pytest
-
 from inference.metrics import GpuCollector
 from registry.tasks import verify_audit_chain
-from tests.support.live import WORKERS, LiveServer, promote
+from tests.support.live import LiveServer, promote
 from tests.support.polling import eventually
 from tests.support.prometheus import (
     dashboard_expressions,

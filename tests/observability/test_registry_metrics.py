@@ -1,4 +1,4 @@
-"""The registry's metrics: what the database says at scrape time, uploads as they happen, the broker's queue, and who may scrape.
+"""The registry's metrics: the database at scrape time, uploads as they happen, the broker's queue, who may scrape.
 
 In-process, on the test database; version rows are put in the states validation leaves them in.
 """

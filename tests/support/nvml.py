@@ -14,7 +14,7 @@ class NVMLError(Exception):
     pass
 
 
-class NVMLError_NotSupported(NVMLError):  # noqa: N801 - the real binding's name
+class NVMLError_NotSupported(NVMLError):  # the real binding's name
     pass
 
 
