@@ -376,8 +376,9 @@ class InferenceWorker(models.Model):
     # [{model, version, aliases, state, error, attempts, note, load_seconds, memory_bytes, provider}]
     loaded = models.JSONField(default=list)
     errors = models.JSONField(default=list)
-    # [{index, name, memory_used_bytes, memory_total_bytes}]: the GPUs it sees, read through NVML
-    devices = models.JSONField(default=list)
+    # [{index, name, memory_used_bytes, memory_total_bytes}]: the GPUs it sees, read through NVML. Null
+    # in rows that a process of the previous release writes during a rolling upgrade (it knows no such column).
+    devices = models.JSONField(default=list, null=True, blank=True)
     started_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField(db_index=True)
 

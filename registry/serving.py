@@ -319,7 +319,7 @@ def fleet_list(*, online_only: bool = False, seen_within: timedelta | None = Non
             started_at=worker.started_at,
             loaded=tuple(LoadedRow.from_json(row) for row in worker.loaded),
             errors=tuple(worker.errors),
-            devices=tuple(DeviceRow.from_json(row) for row in worker.devices),
+            devices=tuple(DeviceRow.from_json(row) for row in worker.devices or ()),
         )
         for worker in workers
     ]
