@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -39,7 +40,8 @@ from inference.errors import (
     UnsupportedEncoding,
 )
 from inference.protocol import HEADER_LENGTH, BodyDecoder, BodyLimit, decode_request, encode_response
-from inference.runtime import InferenceRuntime
+from inference.runtime import InferenceRuntime, LoadedVersion
+from modelyard import metrics as exposition
 from registry import serving
 
 __all__ = ["OUT_OF_MEMORY", "STATUS", "build_app", "error_response", "read_body"]
@@ -62,7 +64,7 @@ STATUS: dict[type[InferenceError], tuple[int, bool]] = {
     OutOfMemory: (503, True),
     RequestTimeout: (504, False),
 }
-METRICS_NEEDS_TOKEN = "a bearer token with the inference or admin role is required (MODELYARD_METRICS_PUBLIC)"
+METRICS_NEEDS_TOKEN = exposition.NEEDS_TOKEN  # the web role's /metrics says the same
 
 
 def error_response(exc: InferenceError, *, close: bool = False) -> Response:
@@ -152,20 +154,22 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
     # --- inference -----------------------------------------------------------------------------
 
     async def infer(request: Request) -> Response:
-        model = request.path_params["model"]
-        # Label only models this process serves: names from URLs must not grow the series without bound.
-        label = model if plane.serves(model) else "_unknown"
-        with metrics.LATENCY.labels(label).time():
-            try:
-                response = await _infer(request)
-            except MemoryError:
-                response = error_response(OutOfMemory(OUT_OF_MEMORY))
-            except RecursionError:  # e.g. an error message that quotes a deeply nested value
-                response = error_response(InvalidInput("the request JSON is nested too deeply"))
-        metrics.REQUESTS.labels(label, str(response.status_code)).inc()
+        started = time.perf_counter()
+        answered: list[LoadedVersion] = []  # the version that took the request, once routed
+        try:
+            response = await _infer(request, answered)
+        except MemoryError:
+            response = error_response(OutOfMemory(OUT_OF_MEMORY))
+        except RecursionError:  # e.g. an error message that quotes a deeply nested value
+            response = error_response(InvalidInput("the request JSON is nested too deeply"))
+        # Labels are bounded: a loaded version's own, else a model this process serves, else "_unknown".
+        counted = (
+            answered[0].metrics if answered else metrics.unrouted(plane.metrics_model(request.path_params["model"]))
+        )
+        counted.answered(response.status_code, time.perf_counter() - started)
         return response
 
-    async def _infer(request: Request) -> Response:
+    async def _infer(request: Request, answered: list[LoadedVersion]) -> Response:
         model, ref = request.path_params["model"], request.path_params.get("version")
         try:  # everything that can refuse the request does so before its body is read
             token = bearer(request) if plane.needs_token else ""
@@ -173,6 +177,7 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
             if settings.V2_RATE is not None:  # the address costs a parse; only a rate limit needs it
                 plane.throttle(token=token, address=client_address(request))
             served = plane.resolve(model, ref)
+            answered.append(served)
             body = await read_body(request, plane.body_limit(served))
         except InferenceError as exc:
             return error_response(exc, close=True)
@@ -191,9 +196,9 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
     async def prometheus(request: Request) -> Response:
         if not settings.METRICS_PUBLIC and not await plane.token_allowed(bearer(request)):
             return error_response(Unauthorised(METRICS_NEEDS_TOKEN))
-        for loaded, queued in plane.queue_depths():
-            metrics.QUEUE_DEPTH.labels(loaded.spec.model, loaded.version_label).set(queued)
-        payload, content_type = metrics.render()
+        for loaded, queued in plane.queue_depths():  # this process's own, fresh; the others' as they last set them
+            loaded.metrics.queue_depth(queued)
+        payload, content_type = await asyncio.to_thread(metrics.render)
         return Response(payload, media_type=content_type)
 
     model_metadata = model_endpoint(plane.model_metadata)

@@ -22,6 +22,7 @@ import anyio
 import numpy as np
 from django.conf import settings
 
+from inference import metrics
 from inference.auth import TokenCache, token_key
 from inference.errors import (
     ClientGone,
@@ -148,8 +149,13 @@ class DataPlane:
         return loaded.body_limit(settings.V2_MAX_BODY_BYTES)
 
     def serves(self, model: str) -> bool:
-        """Whether this process routes ``model`` now (metrics label only such names, not any name from a URL)."""
+        """Whether this process routes ``model`` now."""
         return model in self.runtime.router.table
+
+    def metrics_model(self, model: str) -> str:
+        """``model`` when this process routes it or is meant to, else ``_unknown``: URLs must not grow the series."""
+        runtime = self.runtime
+        return model if model in runtime.router.table or model in runtime.known_models() else metrics.UNKNOWN_MODEL
 
     # --- server ----------------------------------------------------------------------------------
 
@@ -250,6 +256,7 @@ class DataPlane:
                         )
                     except Overloaded as exc:
                         raise Overloaded(f"model '{spec.model}' is overloaded: {exc}") from None
+                    loaded.metrics.queue_depth(loaded.batcher.queued)
                     values: dict[str, np.ndarray] | None = None
                     try:
                         if client_gone is None:

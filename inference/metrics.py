@@ -1,30 +1,222 @@
-"""Prometheus metrics of the data plane (per process)."""
+"""Prometheus metrics of the data plane: requests, latency, batches and queues by model and version.
+
+Every metric here is made on ``modelyard.metrics.REGISTRY``; ``modelyard serve`` puts the process
+in prometheus_client's multiprocess mode, so a scrape of any process of a server gives the sums
+over all of them (see ``modelyard/metrics.py``). Gauges say how they add up across processes.
+
+Labels are bounded: ``model`` is a model this process is meant to serve, or ``_unknown`` for any
+other name from a URL; ``version`` is a version it loaded, or empty when no version answered
+(unknown model, not loaded yet, refused before routing).
+
+The request path touches no label dictionary: each loaded version gets a :class:`VersionMetrics`
+with its children made once, and a request costs a dictionary lookup by status, one counter
+increment and one histogram observation.
+"""
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
 
-REGISTRY = CollectorRegistry(auto_describe=True)
+from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+
+from inference import telemetry
+from modelyard import metrics as exposition
+
+UNKNOWN_MODEL = "_unknown"
+NO_VERSION = ""
 
 REQUESTS = Counter(
-    "modelyard_inference_requests", "Inference requests by model and status", ["model", "status"], registry=REGISTRY
+    "modelyard_inference_requests",
+    "Inference requests answered, by model, version and HTTP status",
+    ["model", "version", "status"],
+    registry=exposition.REGISTRY,
 )
 LATENCY = Histogram(
     "modelyard_inference_request_seconds",
-    "Time from request to response",
-    ["model"],
-    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5),
-    registry=REGISTRY,
+    "Time from request to response, by model and version",
+    ["model", "version"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.4, 0.8, 1, 2, 5),
+    registry=exposition.REGISTRY,
 )
 BATCH_SIZE = Histogram(
     "modelyard_batch_requests",
-    "Requests merged into one ONNX Runtime run",
-    ["model"],
+    "Requests merged into one ONNX Runtime run, by model and version",
+    ["model", "version"],
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-    registry=REGISTRY,
+    registry=exposition.REGISTRY,
 )
-QUEUE_DEPTH = Gauge("modelyard_queue_depth", "Requests waiting in a batcher", ["model", "version"], registry=REGISTRY)
+QUEUE_DEPTH = Gauge(
+    "modelyard_queue_depth",
+    "Requests waiting in a version's batcher (summed over the server's processes)",
+    ["model", "version"],
+    multiprocess_mode="livesum",
+    registry=exposition.REGISTRY,
+)
+SWAPS = Counter(
+    "modelyard_model_swaps",
+    "Hot swaps: an alias of a model moved to another loaded version in an inference process",
+    ["model", "alias"],
+    registry=exposition.REGISTRY,
+)
+LOAD_FAILURES = Gauge(
+    "modelyard_model_load_failures",
+    "Failed attempts in a row to load a version this server should serve (0 once loaded or no longer wanted)",
+    ["model", "version"],
+    multiprocess_mode="livemax",
+    registry=exposition.REGISTRY,
+)
+
+
+class VersionMetrics:
+    """The label children of one loaded version, made once so the request path does no label lookup."""
+
+    __slots__ = ("_requests", "batch", "latency", "model", "queue", "version")
+
+    def __init__(self, model: str, version: str) -> None:
+        self.model = model
+        self.version = version
+        self.latency = LATENCY.labels(model, version)
+        self.batch = BATCH_SIZE.labels(model, version)
+        self.queue = QUEUE_DEPTH.labels(model, version) if version else None
+        self._requests: dict[int, Any] = {}
+
+    def answered(self, status: int, seconds: float) -> None:
+        """One request answered with ``status`` after ``seconds``."""
+        child = self._requests.get(status)
+        if child is None:
+            child = self._requests[status] = REQUESTS.labels(self.model, self.version, str(status))
+        child.inc()
+        self.latency.observe(seconds)
+
+    def batched(self, requests: int, queued: int) -> None:
+        """One ONNX Runtime run of ``requests`` merged requests, with ``queued`` still waiting."""
+        self.batch.observe(requests)
+        self.queue_depth(queued)
+
+    def queue_depth(self, queued: int) -> None:
+        if self.queue is not None:
+            self.queue.set(queued)
+
+    def retire(self) -> None:
+        """The version is unloaded: nothing waits in its queue any more.
+
+        In multiprocess mode the value lives in this process's file until it exits, so it is set
+        to 0 before the child is dropped, or the sum would keep the last depth.
+        """
+        if self.queue is not None:
+            self.queue.set(0)
+            try:
+                QUEUE_DEPTH.remove(self.model, self.version)
+            except KeyError:
+                pass
+
+
+_unrouted: dict[str, VersionMetrics] = {}
+
+
+def unrouted(model: str) -> VersionMetrics:
+    """The metrics of requests no version answered, for ``model`` (a served name or ``_unknown``)."""
+    found = _unrouted.get(model)
+    if found is None:
+        found = _unrouted[model] = VersionMetrics(model, NO_VERSION)
+    return found
+
+
+class _Loaded(Protocol):
+    """What a routing table holds, as far as swaps are counted (``inference.runtime.LoadedVersion``)."""
+
+    @property
+    def version_label(self) -> str: ...
+
+
+def count_swaps(old: Mapping[str, Mapping[str, _Loaded]], new: Mapping[str, Mapping[str, _Loaded]]) -> None:
+    """Count each alias whose route moved from one loaded version to another between two routing tables."""
+    for model, routes in new.items():
+        before = old.get(model)
+        if not before:
+            continue
+        for alias, loaded in routes.items():
+            if alias.isdigit():
+                continue
+            previous = before.get(alias)
+            if previous is not None and previous is not loaded and previous.version_label != loaded.version_label:
+                SWAPS.labels(model, alias).inc()
+
+
+_failing: set[tuple[str, str]] = set()
+
+
+def load_failures(failing: Mapping[tuple[str, int], int]) -> None:
+    """Set the failed-attempt counts of versions that fail to load now, and 0 for those that stopped failing."""
+    current = {(model, str(version)): attempts for (model, version), attempts in failing.items()}
+    for key in _failing - set(current):
+        LOAD_FAILURES.labels(*key).set(0)
+    for key, attempts in current.items():
+        LOAD_FAILURES.labels(*key).set(attempts)
+    _failing.clear()
+    _failing.update(current)
+
+
+# --- GPU telemetry -----------------------------------------------------------------------------------
+
+GPU_LABELS = ["gpu", "name"]
+
+
+class GpuCollector:
+    """Reads every GPU's utilisation, memory, temperature and power through NVML at scrape time.
+
+    The readings are of the devices, the same whichever process of the server reads them, so they
+    are read live by the process that answers the scrape rather than summed over files. Without
+    NVML or a GPU the collector yields nothing: the metrics are absent, not zero.
+    """
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(self._families([]))
+
+    def collect(self) -> Iterator[Metric]:
+        devices = telemetry.read_devices()
+        return iter(self._families(devices) if devices else [])
+
+    @staticmethod
+    def _families(devices: list[telemetry.DeviceReading]) -> list[Metric]:
+        families = {
+            "utilization": GaugeMetricFamily(
+                "modelyard_gpu_utilization_ratio",
+                "Share of the last sample period in which a kernel ran on the GPU (NVML), 0 to 1",
+                labels=GPU_LABELS,
+            ),
+            "memory_used": GaugeMetricFamily(
+                "modelyard_gpu_memory_used_bytes", "GPU memory in use, all processes (NVML)", labels=GPU_LABELS
+            ),
+            "memory_total": GaugeMetricFamily(
+                "modelyard_gpu_memory_total_bytes", "GPU memory installed (NVML)", labels=GPU_LABELS
+            ),
+            "temperature": GaugeMetricFamily(
+                "modelyard_gpu_temperature_celsius", "GPU core temperature (NVML)", labels=GPU_LABELS
+            ),
+            "power": GaugeMetricFamily("modelyard_gpu_power_watts", "GPU power draw (NVML)", labels=GPU_LABELS),
+        }
+        for device in devices:
+            labels = [str(device.index), device.name]
+            for key, value in (
+                ("utilization", device.utilization),
+                ("memory_used", device.memory_used_bytes),
+                ("memory_total", device.memory_total_bytes),
+                ("temperature", device.temperature_celsius),
+                ("power", device.power_watts),
+            ):
+                if value is not None:  # a reading the device does not support is left out
+                    families[key].add_metric(labels, value)
+        return list(families.values())
+
+
+GPU = GpuCollector()
+exposition.add_collector(GPU)
 
 
 def render() -> tuple[bytes, str]:
-    return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+    """The exposition of this server (blocking: run it in a thread)."""
+    return exposition.render()

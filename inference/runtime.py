@@ -22,7 +22,7 @@ from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
-from inference import metrics
+from inference import metrics, telemetry
 from inference.batcher import Batcher
 from inference.cache import ArtifactCache
 from inference.protocol import BodyLimit, body_limit
@@ -67,6 +67,7 @@ class LoadedVersion:
         self.note = note  # e.g. why the session fell back to the CPU
         self.state = LoadState.READY
         self.version_label = str(spec.version)  # the version as /v2 names it, made once
+        self.metrics = metrics.VersionMetrics(spec.model, self.version_label)
         self.batching = can_batch(spec.signature)
         self.output_names = [output.name for output in session.get_outputs()]
         self.batcher = Batcher(
@@ -103,13 +104,10 @@ class LoadedVersion:
         return dict(zip(self.output_names, self.run(feeds), strict=True))
 
     def _observe_batch(self, requests: int, rows: int) -> None:
-        metrics.BATCH_SIZE.labels(self.spec.model).observe(requests)
+        self.metrics.batched(requests, self.batcher.queued)
 
     def _forget_queue_depth(self) -> None:
-        try:
-            metrics.QUEUE_DEPTH.remove(self.spec.model, self.version_label)
-        except KeyError:  # never scraped while it served
-            pass
+        self.metrics.retire()
 
     def body_limit(self, default: int) -> BodyLimit:
         """The request body limit for this version under the global ``default``, worked out once per default."""
@@ -306,9 +304,15 @@ class InferenceRuntime:
                 del self.status.failures[version_id]
             self._start_loads(desired)
             self._switch_routes(desired)
+            metrics.load_failures(self._failing_versions(desired))
             if fresh and not self._synced:
                 self._synced = all(vid in self.loaded or vid in self.status.failures for vid in desired.versions)
         self._heartbeat_if_due()
+
+    def _failing_versions(self, desired: DesiredState) -> dict[tuple[str, int], int]:
+        """(model, version) -> failed attempts so far, for each wanted version that failed to load."""
+        specs = desired.versions
+        return {(specs[v].model, specs[v].version): f.attempts for v, f in self.status.failures.items() if v in specs}
 
     def _start_loads(self, desired: DesiredState) -> None:
         now = time.monotonic()
@@ -381,6 +385,7 @@ class InferenceRuntime:
         for version_id in leftovers:
             stale = self.loaded[version_id]
             table.get(stale.spec.model, {}).pop(str(stale.spec.version), None)
+        metrics.count_swaps(old, table)
         self.router = Router(table)  # the atomic switch
         for version_id in leftovers:
             self._release(self.loaded.pop(version_id))
@@ -474,6 +479,10 @@ class InferenceRuntime:
             started_at=self.started_at,
             loaded=snapshot,
             errors=(self.status.db_error,) if self.status.db_error else (),
+            devices=tuple(
+                serving.DeviceRow(d.index, d.name, d.memory_used_bytes, d.memory_total_bytes)
+                for d in telemetry.read_devices()
+            ),
         )
         try:
             serving.worker_heartbeat(report)

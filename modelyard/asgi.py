@@ -2,7 +2,8 @@
 
 ``/v2`` and ``/metrics`` go to the bare Starlette data plane before Django's ASGI handler,
 which would cost more per request than the model itself; the web role's probes, ``/healthz`` and
-``/readyz``, go to ``modelyard.health``; everything else goes to Django. The process role
+``/readyz``, go to ``modelyard.health``, and its ``/metrics`` (the registry's) to
+``modelyard.metrics``; everything else goes to Django. The process role
 (``MODELYARD_ROLE``: all, web or inference) decides which halves exist, and the lifespan events
 start and stop the inference runtime's reconcile loop.
 """
@@ -24,6 +25,7 @@ django_app = StreamingASGIHandler()
 from django.conf import settings  # noqa: E402
 
 from modelyard import health  # noqa: E402
+from modelyard import metrics as exposition  # noqa: E402
 
 runtime: Any = None
 data_plane: Any = None
@@ -32,7 +34,13 @@ if settings.ROLE in ("all", "inference"):
     from inference.runtime import InferenceRuntime
 
     runtime = InferenceRuntime()
-    data_plane = build_app(runtime)
+    data_plane = build_app(runtime)  # its /metrics has the data plane's metrics and the GPU readings
+web_metrics: Any = None
+if settings.ROLE in ("all", "web"):
+    from registry import metrics as registry_metrics
+
+    exposition.add_collector(registry_metrics.DATABASE)  # the registry's state, read at scrape time
+    web_metrics = registry_metrics.app
 
 
 async def _lifespan(receive: Any, send: Any) -> None:
@@ -45,6 +53,7 @@ async def _lifespan(receive: Any, send: Any) -> None:
         elif message["type"] == "lifespan.shutdown":
             if runtime is not None:
                 runtime.stop()
+            exposition.process_exit()
             await send({"type": "lifespan.shutdown.complete"})
             return
 
@@ -58,6 +67,8 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await health.app(scope, receive, send)
     elif data_plane is not None and (path == "/v2" or path.startswith("/v2/") or path == "/metrics"):
         await data_plane(scope, receive, send)
+    elif path == "/metrics" and web_metrics is not None and scope["type"] == "http":
+        await web_metrics(scope, receive, send)  # the web role's: the registry's metrics
     elif settings.ROLE != "inference":
         await django_app(scope, receive, send)
     else:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
+import tempfile
 
 
 def _setup() -> None:
@@ -40,6 +42,18 @@ def _migrate() -> None:
 
 def serve(args: argparse.Namespace) -> int:
     os.environ["MODELYARD_ROLE"] = args.role
+    # Before anything imports prometheus_client (which reads it once, at import): every process of
+    # this server keeps its metrics in this run's folder, so a scrape of any one of them gives the
+    # sums over all (modelyard/metrics.py). Always a new folder: an old run's files would add up too.
+    folder = tempfile.mkdtemp(prefix="modelyard-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = folder
+    try:
+        return _serve(args)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _serve(args: argparse.Namespace) -> int:
     _setup()
     from django.conf import settings
 

@@ -208,7 +208,10 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "collect-orphaned-artifacts": {"task": "registry.tasks.collect_orphaned_artifacts", "schedule": 3600.0},
     "summarise-auth-failures": {"task": "registry.tasks.summarise_auth_failures", "schedule": 60.0},
     "retry-webhook-deliveries": {"task": "registry.tasks.retry_webhook_deliveries", "schedule": 30.0},
+    # Incremental: each run checks only the events appended since the last one (at most AUDIT_VERIFY_MAX_EVENTS).
+    "verify-audit-chain": {"task": "registry.tasks.verify_audit_chain", "schedule": 300.0},
 }
+AUDIT_VERIFY_MAX_EVENTS = env_int("MODELYARD_AUDIT_VERIFY_MAX_EVENTS", 100_000, minimum=1)
 
 # --- Webhooks --------------------------------------------------------------------------------
 # Deliveries to loopback and private addresses (10/8, 172.16/12, 192.168/16, fc00::/7, ...) only when

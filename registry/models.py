@@ -216,6 +216,24 @@ class AuditChainHead(models.Model):
         return f"audit head #{self.last_seq}"
 
 
+class AuditChainCheck(models.Model):
+    """The single row recording how far the periodic verification has checked the audit chain, and its verdict.
+
+    The periodic task (``registry.tasks.verify_audit_chain``) checks only the events appended since
+    the last run, anchored on the hash it verified last; ``/metrics`` reports the verdict.
+    """
+
+    verified_seq = models.PositiveBigIntegerField(default=0)
+    verified_hash = models.CharField(max_length=64, default="0" * 64)
+    ok = models.BooleanField(default=True)
+    first_bad_seq = models.PositiveBigIntegerField(null=True, blank=True)
+    reason = models.TextField(blank=True, default="")
+    checked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"audit chain {'ok' if self.ok else 'broken'} up to #{self.verified_seq}"
+
+
 class AuthFailureWindow(models.Model):
     """Failed authentications from one source address in one minute, counted outside the append-only chain."""
 
@@ -358,6 +376,9 @@ class InferenceWorker(models.Model):
     # [{model, version, aliases, state, error, attempts, note, load_seconds, memory_bytes, provider}]
     loaded = models.JSONField(default=list)
     errors = models.JSONField(default=list)
+    # [{index, name, memory_used_bytes, memory_total_bytes}]: the GPUs it sees, read through NVML. Null
+    # in rows that a process of the previous release writes during a rolling upgrade (it knows no such column).
+    devices = models.JSONField(default=list, null=True, blank=True)
     started_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField(db_index=True)
 

@@ -39,6 +39,7 @@ __all__ = [
     "NUMPY_OF",
     "PRODUCTION",
     "DesiredState",
+    "DeviceRow",
     "FleetWorker",
     "Laggard",
     "LoadState",
@@ -201,6 +202,33 @@ class LoadedRow:
 
 
 @dataclass(frozen=True)
+class DeviceRow:
+    """One GPU an inference process sees, and its memory in use (all processes on it) when it reported."""
+
+    index: int
+    name: str
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "name": self.name,
+            "memory_used_bytes": self.memory_used_bytes,
+            "memory_total_bytes": self.memory_total_bytes,
+        }
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> DeviceRow:
+        return cls(
+            index=row["index"],
+            name=row.get("name", ""),
+            memory_used_bytes=row.get("memory_used_bytes"),
+            memory_total_bytes=row.get("memory_total_bytes"),
+        )
+
+
+@dataclass(frozen=True)
 class WorkerReport:
     """What one inference process reports with each heartbeat."""
 
@@ -212,6 +240,7 @@ class WorkerReport:
     started_at: datetime
     loaded: tuple[LoadedRow, ...]
     errors: tuple[str, ...] = ()
+    devices: tuple[DeviceRow, ...] = ()  # GPUs read through NVML; none without one
 
 
 def worker_heartbeat(report: WorkerReport) -> None:
@@ -225,6 +254,7 @@ def worker_heartbeat(report: WorkerReport) -> None:
             "provider": report.provider,
             "loaded": [row.as_json() for row in report.loaded],
             "errors": list(report.errors),
+            "devices": [row.as_json() for row in report.devices],
             "started_at": report.started_at,
             "heartbeat_at": timezone.now(),
         },
@@ -266,6 +296,7 @@ class FleetWorker:
     started_at: datetime
     loaded: tuple[LoadedRow, ...]
     errors: tuple[str, ...]
+    devices: tuple[DeviceRow, ...] = ()
 
 
 def fleet_list(*, online_only: bool = False, seen_within: timedelta | None = None) -> list[FleetWorker]:
@@ -288,6 +319,7 @@ def fleet_list(*, online_only: bool = False, seen_within: timedelta | None = Non
             started_at=worker.started_at,
             loaded=tuple(LoadedRow.from_json(row) for row in worker.loaded),
             errors=tuple(worker.errors),
+            devices=tuple(DeviceRow.from_json(row) for row in worker.devices or ()),
         )
         for worker in workers
     ]

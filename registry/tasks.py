@@ -14,7 +14,17 @@ from typing import Any
 from celery import shared_task
 from django.conf import settings
 
-from registry import artifacts, audit, inprocess, promotions, selectors, services, validation_job, webhooks
+from registry import (
+    artifacts,
+    audit,
+    audit_verify,
+    inprocess,
+    promotions,
+    selectors,
+    services,
+    validation_job,
+    webhooks,
+)
 from registry.models import ModelVersion
 from storage import StorageUnavailable
 
@@ -82,6 +92,12 @@ def retry_webhook_deliveries() -> list[int]:
     due = webhooks.deliveries_due()
     webhooks.deliveries_queue(due)
     return due
+
+
+@shared_task
+def verify_audit_chain() -> bool:
+    """Check the audit events appended since the last run; ``/metrics`` exports the verdict."""
+    return audit_verify.audit_chain_check_run(max_events=settings.AUDIT_VERIFY_MAX_EVENTS).ok
 
 
 # --- Queueing ------------------------------------------------------------------------------------

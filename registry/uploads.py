@@ -36,7 +36,7 @@ from typing import Any, BinaryIO, Protocol
 from django.conf import settings
 from django.db import transaction
 
-from registry import artifacts, services, tasks
+from registry import artifacts, metrics, services, tasks
 from registry.audit import Actor
 from registry.errors import (
     FormTooLarge,
@@ -102,6 +102,7 @@ class LocalUpload:
         return UploadFields(description=self.description, metadata=self.metadata)
 
 
+@metrics.timed_upload
 def version_upload(*, model: RegisteredModel, source: UploadSource, actor: Actor) -> ModelVersion:
     """Store, check and record one upload as a new ``pending`` version of ``model``; queue its validation.
 

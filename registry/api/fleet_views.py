@@ -24,6 +24,13 @@ class LoadedRowSerializer(serializers.Serializer[serving.LoadedRow]):
     attempts = serializers.IntegerField()
 
 
+class DeviceSerializer(serializers.Serializer[serving.DeviceRow]):
+    index = serializers.IntegerField()
+    name = serializers.CharField()
+    memory_used_bytes = serializers.IntegerField(allow_null=True)
+    memory_total_bytes = serializers.IntegerField(allow_null=True)
+
+
 class WorkerSerializer(serializers.Serializer[serving.FleetWorker]):
     worker_id = serializers.CharField()
     host = serializers.CharField()
@@ -34,6 +41,7 @@ class WorkerSerializer(serializers.Serializer[serving.FleetWorker]):
     heartbeat_at = serializers.DateTimeField()
     started_at = serializers.DateTimeField()
     loaded = LoadedRowSerializer(many=True)
+    devices = DeviceSerializer(many=True)  # GPUs and their memory in use (NVML); empty without one
     # DRF takes declared fields out of the class, so this does not shadow Serializer.errors at run time.
     errors = serializers.ListField(child=serializers.CharField())  # type: ignore[assignment]
 

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import threading
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from django.db import DatabaseError, connection, transaction
 from registry.audit import SYSTEM, audit_record
 from registry.audit_verify import VerifyResult, audit_verify
 from registry.models import AuditChainHead, AuditEvent
-from tests.support.audit_factory import append_bulk_events
+from tests.support.audit_factory import append_bulk_events, trigger_disabled
 
 pytestmark = pytest.mark.django_db
 
@@ -32,18 +31,6 @@ def _record(n: int, *, action: str = "test.event") -> None:
 def ten_events(db):
     _record(10)
     assert list(AuditEvent.objects.values_list("seq", flat=True)) == list(range(1, 11))
-
-
-@contextmanager
-def trigger_disabled():
-    """Let the test play the attacker with direct table access."""
-    with connection.cursor() as cursor:
-        cursor.execute("ALTER TABLE registry_auditevent DISABLE TRIGGER USER")
-    try:
-        yield
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("ALTER TABLE registry_auditevent ENABLE TRIGGER USER")
 
 
 def _sql(statement: str, params: list[object] | None = None) -> None:

@@ -5,6 +5,8 @@ COPY rather than bulk_create because 100,000 rows take about 1.5 s this way inst
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
@@ -79,3 +81,15 @@ def _copy(events: list[AuditEvent]) -> None:
             copy.write_row(
                 [Jsonb(getattr(event, c)) if c in ("before", "after") else getattr(event, c) for c in COLUMNS]
             )
+
+
+@contextmanager
+def trigger_disabled() -> Iterator[None]:
+    """Let a test play the attacker with direct table access (PostgreSQL refuses UPDATE and DELETE otherwise)."""
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE registry_auditevent DISABLE TRIGGER USER")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE registry_auditevent ENABLE TRIGGER USER")
