@@ -19,8 +19,8 @@ from registry import selectors, services
 from registry.api.multipart import MultipartUpload
 from registry.api.serializers import ModelCreateInput, ModelSerializer, ModelUpdateInput, VersionSerializer
 from registry.audit import actor_from_request
-from registry.errors import InvalidInput, PayloadTooLarge
-from registry.models import ModelVersion, RegisteredModel
+from registry.errors import InvalidInput, NotFound, PayloadTooLarge
+from registry.models import ModelFile, ModelVersion, RegisteredModel
 from registry.uploads import version_upload
 from storage import get_storage
 
@@ -112,14 +112,28 @@ class VersionDetail(APIView):
         return Response(VersionSerializer(_get_version(name, version)).data)
 
 
+def _file_named(version: ModelVersion, name: str) -> ModelFile:
+    # The files are prefetched with the version; an unknown name is a 404, as an unknown version is.
+    found = next((f for f in version.files.all() if f.name == name), None)
+    if found is None:
+        raise NotFound(f"version {version.version} of '{version.model.name}' has no file '{name}'")
+    return found
+
+
 class VersionDownload(APIView):
-    @extend_schema(responses={(200, "application/octet-stream"): OpenApiTypes.BINARY})
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("file", str, description="which file of the version (its name); the .onnx model if absent")
+        ],
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
+    )
     def get(self, request: Request, name: str, version: int) -> FileResponse:
         found = _get_version(name, version)
-        model_file = found.model_file
-        stream = get_storage().open(model_file.storage_key)
-        response = FileResponse(stream, as_attachment=True, filename=model_file.name)
-        response["Content-Length"] = str(model_file.size_bytes)
-        response["ETag"] = f'"{model_file.sha256}"'
-        response["X-Content-SHA256"] = model_file.sha256
+        wanted = request.query_params.get("file")
+        stored = found.model_file if wanted is None else _file_named(found, wanted)
+        stream = get_storage().open(stored.storage_key)
+        response = FileResponse(stream, as_attachment=True, filename=stored.name)
+        response["Content-Length"] = str(stored.size_bytes)
+        response["ETag"] = f'"{stored.sha256}"'
+        response["X-Content-SHA256"] = stored.sha256
         return response
