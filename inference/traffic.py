@@ -26,10 +26,10 @@ from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
-from registry.serving import TrafficBucket
+from registry.serving import TRAFFIC_BUCKET_SECONDS, TRAFFIC_BUCKETS, TrafficBucket
 
-BUCKET_SECONDS = 10
-BUCKETS = 30  # five minutes
+BUCKET_SECONDS = TRAFFIC_BUCKET_SECONDS
+BUCKETS = TRAFFIC_BUCKETS  # five minutes
 _FIRST_BOUND = 0.0001  # seconds
 _RATIO = 2 ** (1 / 4)
 # Upper edges of the latency bins; one more bin past the last catches anything slower.

@@ -38,6 +38,8 @@ from registry.validation import synthetic_inputs
 __all__ = [
     "NUMPY_OF",
     "PRODUCTION",
+    "TRAFFIC_BUCKETS",
+    "TRAFFIC_BUCKET_SECONDS",
     "DesiredState",
     "FleetWorker",
     "Laggard",
@@ -154,6 +156,11 @@ def desired_state() -> DesiredState:
 
 
 # --- The worker report -----------------------------------------------------------------------------
+
+
+# The traffic an inference process reports per loaded version: this many intervals of this many seconds.
+TRAFFIC_BUCKET_SECONDS = 10
+TRAFFIC_BUCKETS = 30
 
 
 @dataclass(frozen=True)

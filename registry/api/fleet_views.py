@@ -15,7 +15,8 @@ class TrafficBucketSerializer(serializers.Serializer[serving.TrafficBucket]):
     start = serializers.FloatField(help_text="seconds since the epoch")
     seconds = serializers.FloatField(help_text="the interval's length; less for the one still filling")
     requests = serializers.IntegerField()
-    errors = serializers.IntegerField()
+    # DRF takes declared fields out of the class, so this does not shadow Serializer.errors at run time.
+    errors = serializers.IntegerField()  # type: ignore[assignment]
     p50_ms = serializers.FloatField(allow_null=True)
     p99_ms = serializers.FloatField(allow_null=True)
 
