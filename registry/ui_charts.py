@@ -37,8 +37,16 @@ def _text(value: float | None, unit: str) -> str:
     return f"{value:.3g}{unit}"
 
 
-def sparkline(label: str, values: Sequence[float | None], unit: str = "") -> Sparkline:
-    """Scale ``values`` (one per interval, None for no data) into the box; None breaks the line."""
+def sparkline(label: str, values: Sequence[float | None], unit: str = "", *, idle: float | None = None) -> Sparkline:
+    """Scale ``values`` (one per interval, None for no data) into the box.
+
+    None breaks the line, unless ``idle`` says what an interval without requests counts as (0 for a
+    rate). "Now" is the newest of the last two intervals that saw requests: the newest one has only
+    just begun.
+    """
+    recent = next((v for v in reversed(values[-2:]) if v is not None), idle)
+    if idle is not None:
+        values = [idle if v is None else v for v in values]
     known = [v for v in values if v is not None]
     top = max(known, default=0.0) or 1.0
     step = (WIDTH - 2 * PAD) / max(1, len(values) - 1)
@@ -55,9 +63,8 @@ def sparkline(label: str, values: Sequence[float | None], unit: str = "") -> Spa
         current.append(f"{x:.1f},{y:.1f}")
     if current:
         segments.append(" ".join(current))
-    # A lone point draws nothing as a polyline: give it a little width.
-    segments = [seg if " " in seg else f"{seg} {_nudge(seg)}" for seg in segments]
-    recent = next((v for v in reversed(values[-2:]) if v is not None), None)
+    # A lone point draws nothing as a polyline: make it a short dash.
+    segments = [seg if " " in seg else f"{_nudge(seg)} {seg}" for seg in segments]
     return Sparkline(
         label=label,
         segments=tuple(segments),
@@ -68,7 +75,7 @@ def sparkline(label: str, values: Sequence[float | None], unit: str = "") -> Spa
 
 def _nudge(point: str) -> str:
     x, y = point.split(",")
-    return f"{float(x) + 1:.1f},{y}"
+    return f"{max(0.0, float(x) - 3):.1f},{y}"
 
 
 def traffic_charts(buckets: Sequence[TrafficBucket], *, until: datetime) -> list[Sparkline]:
@@ -80,8 +87,8 @@ def traffic_charts(buckets: Sequence[TrafficBucket], *, until: datetime) -> list
         if 0 <= position < TRAFFIC_BUCKETS:
             slots[position] = bucket
     return [
-        sparkline("requests/s", [b.rate if b else 0.0 for b in slots]),
+        sparkline("requests/s", [b.rate if b else None for b in slots], idle=0.0),
         sparkline("p50", [b.p50_ms if b else None for b in slots], " ms"),
         sparkline("p99", [b.p99_ms if b else None for b in slots], " ms"),
-        sparkline("errors", [float(b.errors) if b else 0.0 for b in slots]),
+        sparkline("errors", [float(b.errors) if b else None for b in slots], idle=0.0),
     ]

@@ -390,6 +390,9 @@ def _promote_page(
         "candidate": candidate,
         "diff": diff,
         "needs_approval": alias is not None and alias.protected,
+        "waiting": selectors.promotion_list(state=PromotionState.PENDING, model_name=model.name).filter(
+            alias__name=alias_name
+        ),
         "error": error,
     }
     return render(request, "modelyard/ui/promote.html", context, status=status)

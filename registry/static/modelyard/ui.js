@@ -5,10 +5,17 @@
 document.documentElement.classList.add("has-js");
 
 const zone = Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
-const stamp = new Intl.DateTimeFormat(undefined, {
+const parts = new Intl.DateTimeFormat("en-CA", {
   year: "numeric", month: "2-digit", day: "2-digit", hour: "2-digit", minute: "2-digit", second: "2-digit",
-  hour12: false, timeZoneName: "short",
+  hourCycle: "h23", timeZoneName: "short",
 });
+// 2026-01-31 14:05:09 CET, whatever the browser's language: sortable, and the same on every page.
+const stamp = {
+  format(when) {
+    const p = Object.fromEntries(parts.formatToParts(when).map(({ type, value }) => [type, value]));
+    return `${p.year}-${p.month}-${p.day} ${p.hour}:${p.minute}:${p.second} ${p.timeZoneName}`;
+  },
+};
 
 // Times arrive in UTC; show them in the viewer's own time zone, keeping UTC in the tooltip.
 function localTimes(root = document) {
