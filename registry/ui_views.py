@@ -153,11 +153,17 @@ def _model_detail(
     request: HttpRequest, model: RegisteredModel, *, form: ModelEditForm | None = None, error: str = "", status=200
 ) -> HttpResponse:
     at, served_at, at_error = _served_at(request, model)
+    history = list(selectors.model_alias_history(model=model))
+    aliases = list(selectors.alias_list(model=model))
+    for alias in aliases:
+        # What a rollback would go back to: where its last move came from (newest first in the history).
+        last = next((move for move in history if move.alias_id == alias.pk), None)
+        alias.previous = last.from_version if last is not None else None  # type: ignore[attr-defined]
     context = {
         "model": model,
         "versions": selectors.version_list(model=model),
-        "aliases": selectors.alias_list(model=model),
-        "history": selectors.model_alias_history(model=model),
+        "aliases": aliases,
+        "history": history,
         "at": at,
         "served_at": served_at,
         "form": form or ModelEditForm(initial={"description": model.description, "tags": " ".join(model.tags)}),

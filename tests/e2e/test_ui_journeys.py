@@ -531,6 +531,10 @@ def test_7_viewer_sees_no_write_controls_and_direct_posts_are_refused_and_audite
     assert page.locator("form[action='/ui/models/demo']").count() == 0  # no edit form
     page.goto(f"{server.url}/ui/")
     assert page.locator("#new-model").count() == 0
+    page.goto(f"{server.url}/ui/models/demo/upload")
+    assert page.locator("#upload-form").count() == 0
+    page.goto(f"{server.url}/ui/models/demo/promote?version=2")
+    assert page.locator("form#request").count() == 0
     page.goto(f"{server.url}/ui/promotions/{promotion.pk}")
     assert page.get_by_role("button", name="Approve").count() == 0
     assert page.locator("#why-not").inner_text() == "Approving and rejecting need the approver role."

@@ -131,6 +131,9 @@ def test_a_version_not_ready_is_409(mia, serving_v1):
 
 def test_viewer_request_is_refused_and_audited(serving_v1):
     viewer = login_person("vic", Role.VIEWER)
+    page = viewer.client.get("/ui/models/demo/promote", {"version": 2})
+    assert b"Requesting a promotion needs the maintainer role." in page.content
+    assert b'id="request"' not in page.content
     response = viewer.client.post("/ui/models/demo/promote", {"alias": "production", "version": "2", "reason": "x"})
     assert (response.status_code, response.context["error"]) == (
         403,

@@ -148,6 +148,12 @@ def test_a_form_that_is_not_multipart_is_400(demo):
     assert response.json()["error"] == "send the files as multipart/form-data with one 'file' part per file"
 
 
+def test_a_viewer_sees_no_upload_form(demo):
+    page = browser("vic", Role.VIEWER).get("/ui/models/demo/upload")
+    assert b"Uploading needs the maintainer role." in page.content
+    assert b'id="upload-form"' not in page.content
+
+
 def test_the_page_says_what_to_do_without_javascript(demo):
     page = browser("mia", Role.MAINTAINER).get("/ui/models/demo/upload")
     assert b"<noscript>" in page.content and b"/api/v1/models/demo/versions" in page.content
