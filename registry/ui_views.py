@@ -99,7 +99,9 @@ def _int_param(request: HttpRequest, key: str) -> int | None:
 # --- Models -------------------------------------------------------------------------------------------
 
 
-def _model_index(request: HttpRequest, *, form: ModelCreateForm | None = None, error: str = "", status: int = 200):
+def _model_index(
+    request: HttpRequest, *, form: ModelCreateForm | None = None, error: str = "", status: int = 200
+) -> HttpResponse:
     query, tag = request.GET.get("q", "").strip(), request.GET.get("tag", "").strip()
     page = Paginator(selectors.model_list_with_versions(query=query, tag=tag), MODELS_PAGE_SIZE).get_page(
         request.GET.get("page")
@@ -150,7 +152,12 @@ def _served_at(request: HttpRequest, model: RegisteredModel) -> tuple[datetime |
 
 
 def _model_detail(
-    request: HttpRequest, model: RegisteredModel, *, form: ModelEditForm | None = None, error: str = "", status=200
+    request: HttpRequest,
+    model: RegisteredModel,
+    *,
+    form: ModelEditForm | None = None,
+    error: str = "",
+    status: int = 200,
 ) -> HttpResponse:
     at, served_at, at_error = _served_at(request, model)
     history = list(selectors.model_alias_history(model=model))
@@ -260,6 +267,13 @@ def _csrf_refusal(request: HttpRequest) -> HttpResponse | None:
     return check.process_view(_WithoutBody(request), None, (), {})  # type: ignore[arg-type]
 
 
+def _content_length(request: HttpRequest) -> int:
+    try:
+        return int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return 0  # the parser finds out what the body really holds, under the same limits
+
+
 def _upload_page(request: HttpRequest, model: RegisteredModel) -> HttpResponse:
     return render(request, "modelyard/ui/upload.html", {"model": model, "max_bytes": settings.MAX_UPLOAD_BYTES})
 
@@ -284,7 +298,7 @@ def version_upload_page(request: HttpRequest, name: str) -> HttpResponse:
         require_role(request, Role.MAINTAINER, what="uploading a version")
         if not (request.content_type or "").startswith("multipart/form-data"):
             raise InvalidInput("send the files as multipart/form-data with one 'file' part per file")
-        if int(request.META.get("CONTENT_LENGTH") or 0) > settings.MAX_UPLOAD_BYTES:
+        if _content_length(request) > settings.MAX_UPLOAD_BYTES:
             raise PayloadTooLarge(f"the upload is larger than the limit of {settings.MAX_UPLOAD_BYTES} bytes")
         with MultipartUpload(request) as body:
             version = version_upload(model=model, source=body, actor=actor_from_request(request))
@@ -377,7 +391,6 @@ def _promote_page(
     data = form.data if form.is_bound else form.initial
     alias_name = str(data.get("alias") or PRODUCTION)
     alias = next((a for a in selectors.alias_list(model=model) if a.name == alias_name), None)
-    candidate = None
     try:
         number = int(data.get("version") or 0)
     except (TypeError, ValueError):
