@@ -257,6 +257,7 @@ class DataPlane:
                     except Overloaded as exc:
                         raise Overloaded(f"model '{spec.model}' is overloaded: {exc}") from None
                     loaded.metrics.queue_depth(loaded.batcher.queued)
+                    loaded.traffic.watch(future)  # requests/s, latency and errors for the fleet page
                     values: dict[str, np.ndarray] | None = None
                     try:
                         if client_gone is None:

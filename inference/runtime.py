@@ -27,6 +27,7 @@ from inference.batcher import Batcher
 from inference.cache import ArtifactCache
 from inference.protocol import BodyLimit, body_limit
 from inference.sessions import build_session, device_description
+from inference.traffic import Traffic
 from registry import serving
 from registry.serving import PRODUCTION, DesiredState, LoadedRow, LoadState, VersionSpec
 
@@ -79,6 +80,7 @@ class LoadedVersion:
             on_batch=self._observe_batch,
             on_close=self._forget_queue_depth,
         )
+        self.traffic = Traffic()  # the last minutes of requests, for the fleet page
         self._body_limit: tuple[int, BodyLimit] | None = None
         self._inflight = 0
         self._closed = False
@@ -434,6 +436,7 @@ class InferenceRuntime:
                     memory_bytes=v.memory_bytes,
                     provider=v.provider,
                     note=v.note,
+                    traffic=v.traffic.summary(),
                 )
                 for vid, v in self.loaded.items()
             ]

@@ -1,9 +1,10 @@
 """Django's ASGI handler, except that artifact uploads stream and every body is bounded while it arrives.
 
 Django's own handler reads the whole request body into a temporary file before the view runs,
-so a 1 GB upload would land on local disk first. For ``POST /api/v1/models/{name}/versions`` this
-handler hands the view a file-like object that pulls body chunks from the ASGI channel as the
-multipart parser asks for them, so bytes flow from the client to storage while they arrive.
+so a 1 GB upload would land on local disk first. For ``POST /api/v1/models/{name}/versions`` and the
+web UI's ``POST /ui/models/{name}/upload`` this handler hands the view a file-like object that pulls
+body chunks from the ASGI channel as the multipart parser asks for them, so bytes flow from the
+client to storage while they arrive.
 
 Every body, chunked or not, is counted as it arrives: other requests are refused with 413 as soon
 as they pass ``MAX_REQUEST_BODY_BYTES``, before Django (and so authentication) runs, and uploads
@@ -31,7 +32,8 @@ from modelyard.error_body import error_body_bytes
 
 logger = logging.getLogger(__name__)
 
-STREAMED_PATH = re.compile(r"^/api/v1/models/[^/]+/versions/?$")
+# The API's upload and the web UI's upload page, both fed to registry.uploads.version_upload as they arrive.
+STREAMED_PATH = re.compile(r"^(/api/v1/models/[^/]+/versions|/ui/models/[^/]+/upload)/?$")
 
 
 class BodyTooLarge(Exception):

@@ -1,22 +1,33 @@
 from django.contrib import admin
-from django.contrib.auth.views import LoginView
+from django.contrib.auth.views import LoginView, LogoutView
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from registry.lockout import LockoutAdminAuthenticationForm, LockoutAuthenticationForm
+from registry.ui_account_views import PasswordChange, PasswordSet
 from registry.views import home
 
 # Both password logins refuse locked-out usernames and addresses (registry.lockout).
 admin.site.login_form = LockoutAdminAuthenticationForm
 
-handler404 = "registry.api.errors.json_404"
-handler500 = "registry.api.errors.json_500"
+# HTML pages under /ui/ and /accounts/, JSON everywhere else (registry.ui_errors).
+handler403 = "registry.ui_errors.permission_denied"
+handler404 = "registry.ui_errors.not_found"
+handler500 = "registry.ui_errors.server_error"
+
+# Only the account pages the UI uses. Django's emailed password reset is left out: Modelyard sends no mail,
+# and an admin hands over a set-password link instead (/ui/users).
+accounts = [
+    path("login/", LoginView.as_view(authentication_form=LockoutAuthenticationForm), name="login"),
+    path("logout/", LogoutView.as_view(), name="logout"),
+    path("password_change/", PasswordChange.as_view(), name="password_change"),
+    path("reset/<uidb64>/<token>/", PasswordSet.as_view(), name="password_reset_confirm"),
+]
 
 urlpatterns = [
     path("", home, name="home"),
     path("ui/", include("registry.ui_urls")),
-    path("accounts/login/", LoginView.as_view(authentication_form=LockoutAuthenticationForm), name="login"),
-    path("accounts/", include("django.contrib.auth.urls")),
+    path("accounts/", include(accounts)),
     path("api/v1/", include("registry.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),

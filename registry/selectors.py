@@ -6,9 +6,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.db.models import Max, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.utils import timezone
 
+from registry import serving
 from registry.auth import has_role
 from registry.models import (
     PRODUCTION,
@@ -102,10 +105,10 @@ def model_alias_history(*, model: RegisteredModel) -> QuerySet[AliasMove]:
     )
 
 
-def model_list_with_versions(*, query: str = "") -> QuerySet[RegisteredModel]:
+def model_list_with_versions(*, query: str = "", tag: str = "") -> QuerySet[RegisteredModel]:
     """Models annotated with their latest version number and the version behind ``production``."""
     production = Alias.objects.filter(model=OuterRef("pk"), name=PRODUCTION).values("version__version")[:1]
-    return model_list(query=query).annotate(
+    return model_list(query=query, tag=tag).annotate(
         latest_version=Max("versions__version"), production_version=Subquery(production)
     )
 
@@ -118,3 +121,28 @@ def token_list(*, viewer: Any, username: str = "") -> QuerySet[ApiToken]:
     if username:
         tokens = tokens.filter(user__username=username)
     return tokens.order_by("-created_at", "-id")
+
+
+def version_get(*, model: RegisteredModel, number: int) -> ModelVersion | None:
+    """One version with its files and uploader, or None."""
+    return version_list(model=model).filter(version=number).first()
+
+
+def aliases_at(*, model: RegisteredModel, at: datetime) -> list[tuple[Alias, AliasMove | None]]:
+    """Each alias of the model with the move that set what it pointed to at ``at`` (None: nothing yet)."""
+    return [(alias, alias_move_at(alias=alias, at=at)) for alias in alias_list(model=model)]
+
+
+def version_fleet_state(*, model: str, version: int) -> list[tuple[serving.FleetWorker, serving.LoadedRow | None]]:
+    """Every inference process, with its row for this version if it has one (loaded, loading, failed)."""
+    rows = []
+    for worker in serving.fleet_list():
+        row = next((r for r in worker.loaded if r.model == model and r.version == version), None)
+        rows.append((worker, row))
+    return rows
+
+
+def user_list() -> QuerySet[Any]:
+    """Every user with their groups (the roles), by name."""
+    roles = Prefetch("groups", queryset=Group.objects.filter(name__in=Role.values).order_by("name"), to_attr="roles")
+    return get_user_model().objects.prefetch_related(roles).order_by("username")

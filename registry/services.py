@@ -13,13 +13,19 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import is_password_usable
 from django.contrib.auth.models import Group
+from django.contrib.auth.password_validation import validate_password
+from django.contrib.auth.tokens import default_token_generator
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
+from django.utils.encoding import force_bytes
+from django.utils.http import urlsafe_base64_encode
 
 from registry import webhooks
 from registry.audit import SYSTEM, Actor, audit_record
-from registry.errors import Conflict, InvalidInput, NotFound
+from registry.auth import has_role
+from registry.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from registry.models import (
     ApiToken,
     AuditEvent,
@@ -440,3 +446,126 @@ def _user_access(user: Any) -> UserAccess:
 
 def _user_event(actor: Actor, action: str, username: str, **values: Any) -> AuditEvent:
     return audit_record(actor=actor, action=action, target_type="user", target=username, **values)
+
+
+# --- Users and roles, from the web UI's users page ------------------------------------------------------
+#
+# The same events as the admin's user pages (user_access_record compares the access before and after),
+# so the audit log reads alike whichever way an admin changed someone.
+
+
+def _require_admin(actor: Actor, what: str) -> None:
+    if not has_role(actor.user, Role.ADMIN):
+        raise PermissionDenied(f"{what} needs the admin role")
+
+
+def _checked_roles(roles: Sequence[str]) -> list[str]:
+    unknown = sorted(set(roles) - set(Role.values))
+    if unknown:
+        raise InvalidInput(f"unknown role(s) {', '.join(unknown)}; roles are {', '.join(Role.values)}")
+    return sorted(set(roles))
+
+
+def _set_roles(user: Any, roles: Sequence[str]) -> None:
+    """Make the user's role groups exactly ``roles``; groups that are not roles stay as they are."""
+    user.groups.remove(*user.groups.filter(name__in=set(Role.values) - set(roles)))
+    user.groups.add(*(Group.objects.get_or_create(name=role)[0] for role in roles))
+
+
+@transaction.atomic(durable=True)
+def user_invite(*, username: str, roles: Sequence[str] = (), password: str | None = None, actor: Actor) -> Any:
+    """Create a user with roles, and an initial password or none (then they set one with a link, see below).
+
+    Audited as ``user.create`` with the new user's whole access. The password must pass the
+    configured validators; it is never recorded.
+    """
+    _require_admin(actor, "inviting a user")
+    User = get_user_model()
+    username = username.strip()
+    try:
+        User.username_validator(username)
+    except ValidationError as exc:
+        raise InvalidInput(f"username: {' '.join(exc.messages)}") from exc
+    if not username or len(username) > 150:
+        raise InvalidInput("username: use 1-150 characters")
+    chosen = _checked_roles(roles)
+    if User.objects.filter(username=username).exists():
+        raise Conflict(f"a user named '{username}' already exists")
+    user = User(username=username)
+    if password:
+        try:
+            validate_password(password, user)
+        except ValidationError as exc:
+            raise InvalidInput(f"password: {' '.join(exc.messages)}") from exc
+        user.set_password(password)
+    else:
+        user.set_unusable_password()
+    user.save()
+    _set_roles(user, chosen)
+    user_access_record(user_id=user.pk, before=None, actor=actor)
+    return user
+
+
+@transaction.atomic(durable=True)
+def user_update_access(
+    *, username: str, actor: Actor, roles: Sequence[str] | None = None, is_active: bool | None = None
+) -> Any:
+    """Grant and revoke roles (``roles`` is the whole new set) and activate or deactivate a user.
+
+    An admin cannot take the admin role from themselves nor deactivate themselves, so a slip of the
+    mouse cannot lock the last admin out. Audited as ``user.roles.grant``, ``user.roles.revoke`` and
+    ``user.update`` (``is_active``).
+    """
+    _require_admin(actor, "changing a user's roles")
+    found = get_user_model().objects.filter(username=username).values_list("pk", flat=True).first()
+    if found is None:
+        raise NotFound(f"no user named '{username}'")
+    before = user_access_snapshot(user_id=found)
+    assert before is not None
+    user = get_user_model().objects.get(pk=found)
+    own = actor.user is not None and actor.user.pk == user.pk
+    if roles is not None:
+        chosen = _checked_roles(roles)
+        if own and Role.ADMIN in before.roles and Role.ADMIN not in chosen:
+            raise InvalidInput("you cannot take the admin role from yourself; ask another admin")
+        _set_roles(user, chosen)
+    if is_active is not None and is_active != user.is_active:
+        if own and not is_active:
+            raise InvalidInput("you cannot deactivate yourself; ask another admin")
+        user.is_active = is_active
+        user.save(update_fields=["is_active"])
+    user_access_record(user_id=user.pk, before=before, actor=actor)
+    return user
+
+
+@transaction.atomic(durable=True)
+def user_password_link(*, username: str, actor: Actor) -> tuple[str, str]:
+    """The (uidb64, token) of a set-password link for the user (Django's password-reset tokens).
+
+    The link works once, until the password changes, for ``PASSWORD_RESET_TIMEOUT``. Modelyard sends
+    no mail: the admin hands the link over. Audited as ``user.password.link``, without the token.
+    """
+    _require_admin(actor, "making a set-password link")
+    user = get_user_model().objects.filter(username=username).first()
+    if user is None:
+        raise NotFound(f"no user named '{username}'")
+    audit_record(
+        actor=actor,
+        action="user.password.link",
+        target_type="user",
+        target=username,
+        after={"valid_seconds": settings.PASSWORD_RESET_TIMEOUT},
+    )
+    return urlsafe_base64_encode(force_bytes(user.pk)), default_token_generator.make_token(user)
+
+
+@transaction.atomic(durable=True)
+def user_password_set(*, user: Any, password: str, actor: Actor) -> None:
+    """Set a password that Django's form has validated: a user's own change, or one made with a set-password link.
+
+    Audited as ``user.password.change``, as the admin's password form is.
+    """
+    before = user_access_snapshot(user_id=user.pk)
+    user.set_password(password)
+    user.save(update_fields=["password"])
+    user_access_record(user_id=user.pk, before=before, actor=actor)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -38,6 +38,8 @@ from registry.validation import synthetic_inputs
 __all__ = [
     "NUMPY_OF",
     "PRODUCTION",
+    "TRAFFIC_BUCKETS",
+    "TRAFFIC_BUCKET_SECONDS",
     "DesiredState",
     "DeviceRow",
     "FleetWorker",
@@ -46,6 +48,7 @@ __all__ = [
     "LoadedRow",
     "ServedFile",
     "ServingStrategy",
+    "TrafficBucket",
     "VersionSpec",
     "WorkerReport",
     "alias_changes",
@@ -156,6 +159,49 @@ def desired_state() -> DesiredState:
 # --- The worker report -----------------------------------------------------------------------------
 
 
+# The traffic an inference process reports per loaded version: this many intervals of this many seconds.
+TRAFFIC_BUCKET_SECONDS = 10
+TRAFFIC_BUCKETS = 30
+
+
+@dataclass(frozen=True)
+class TrafficBucket:
+    """The requests one version answered in one interval of a worker's last minutes (``inference/traffic.py``)."""
+
+    start: float  # seconds since the epoch
+    seconds: float  # the interval's length; less for the one still filling
+    requests: int
+    errors: int
+    p50_ms: float | None  # None when the interval saw no request
+    p99_ms: float | None
+
+    @property
+    def rate(self) -> float:
+        """Requests per second."""
+        return self.requests / self.seconds if self.seconds else 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "start": self.start,
+            "seconds": self.seconds,
+            "requests": self.requests,
+            "errors": self.errors,
+            "p50_ms": self.p50_ms,
+            "p99_ms": self.p99_ms,
+        }
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> TrafficBucket:
+        return cls(
+            start=row["start"],
+            seconds=row["seconds"],
+            requests=row["requests"],
+            errors=row["errors"],
+            p50_ms=row.get("p50_ms"),
+            p99_ms=row.get("p99_ms"),
+        )
+
+
 @dataclass(frozen=True)
 class LoadedRow:
     """One version in one worker's report: its state, the aliases it serves, and how its load went."""
@@ -170,6 +216,9 @@ class LoadedRow:
     provider: str = ""
     note: str = ""  # e.g. why the session runs on another provider than the one requested
     attempts: int = 0  # failed loads so far
+    # The last minutes of requests, for the fleet page; left out of comparisons, so that traffic alone
+    # does not make the runtime report before its heartbeat is due.
+    traffic: tuple[TrafficBucket, ...] = field(default=(), compare=False)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -183,6 +232,7 @@ class LoadedRow:
             "provider": self.provider,
             "note": self.note,
             "attempts": self.attempts,
+            "traffic": [bucket.as_json() for bucket in self.traffic],
         }
 
     @classmethod
@@ -198,6 +248,7 @@ class LoadedRow:
             provider=row.get("provider", ""),
             note=row.get("note", ""),
             attempts=row.get("attempts", 0),
+            traffic=tuple(TrafficBucket.from_json(bucket) for bucket in row.get("traffic", ())),
         )
 
 

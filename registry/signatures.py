@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 Spec = dict[str, Any]
@@ -40,3 +41,40 @@ def signature_diff(old: dict[str, list[Spec]], new: dict[str, list[Spec]]) -> li
                 problems.append(f"{kind} '{name}': datatype changed from {was['datatype']} to {now['datatype']}")
             problems += _shape_breaks(kind, name, was.get("shape"), now.get("shape"))
     return problems
+
+
+@dataclass(frozen=True)
+class SignatureChange:
+    """One input or output of two versions side by side, for a person to read (the compare and review pages)."""
+
+    kind: str  # "input" or "output"
+    name: str
+    before: Spec | None  # None: the older version does not have it
+    after: Spec | None  # None: the newer version does not have it
+    breaking: tuple[str, ...]  # what signature_diff says breaks a client, about this one
+
+    @property
+    def change(self) -> str:
+        if self.before is None:
+            return "added"
+        if self.after is None:
+            return "removed"
+        same = (self.before.get("datatype"), self.before.get("shape")) == (
+            self.after.get("datatype"),
+            self.after.get("shape"),
+        )
+        return "same" if same else "changed"
+
+
+def signature_compare(old: dict[str, list[Spec]], new: dict[str, list[Spec]]) -> list[SignatureChange]:
+    """Every input and output of ``old`` and ``new``, inputs first, each marked with what breaks clients of ``old``."""
+    breaking = signature_diff(old, new)
+    rows = []
+    for kind, key in (("input", "inputs"), ("output", "outputs")):
+        before, after = _by_name(old.get(key, [])), _by_name(new.get(key, []))
+        names = [spec["name"] for spec in old.get(key, [])]
+        names += [spec["name"] for spec in new.get(key, []) if spec["name"] not in before]
+        for name in names:
+            about = tuple(problem for problem in breaking if problem.startswith(f"{kind} '{name}'"))
+            rows.append(SignatureChange(kind, name, before.get(name), after.get(name), about))
+    return rows

@@ -1,15 +1,26 @@
 from django.urls import path
 
-from registry import ui_views
+from registry import ui_account_views, ui_views
 
 app_name = "ui"
 
+# Other tools link to these addresses: keep them.
 urlpatterns = [
     path("", ui_views.model_index, name="models"),
     path("models/<str:name>", ui_views.model_detail, name="model"),
+    path("models/<str:name>/upload", ui_views.version_upload_page, name="upload"),
+    path("models/<str:name>/versions/<int:number>", ui_views.version_detail, name="version"),
+    path("models/<str:name>/compare", ui_views.version_compare, name="compare"),
+    path("models/<str:name>/promote", ui_views.promotion_request, name="promote"),
     path("models/<str:name>/aliases/<str:alias>/rollback", ui_views.alias_rollback, name="alias-rollback"),
     path("promotions", ui_views.promotion_index, name="promotions"),
+    path("promotions/<int:promotion_id>", ui_views.promotion_detail, name="promotion"),
     path("promotions/<int:promotion_id>/<str:decision>", ui_views.promotion_decide, name="promotion-decide"),
     path("audit", ui_views.audit_index, name="audit"),
     path("fleet", ui_views.fleet_index, name="fleet"),
+    path("tokens", ui_account_views.token_index, name="tokens"),
+    path("tokens/<str:prefix>/revoke", ui_account_views.token_revoke, name="token-revoke"),
+    path("users", ui_account_views.user_index, name="users"),
+    path("users/<str:username>", ui_account_views.user_access, name="user"),
+    path("users/<str:username>/password-link", ui_account_views.user_password_link, name="user-password-link"),
 ]

@@ -1,65 +1,205 @@
-"""The server-rendered UI for release owners and auditors.
+"""The server-rendered UI: models, versions, uploads, comparisons, promotions, the audit log and the fleet.
 
-Every write calls one service from ``registry.promotions``; a refusal is shown with the
-service's own message and the status the API's error table gives it (``registry.api.errors.STATUS``),
-so the rules live in one place. Refusals (403) write an ``access.denied`` audit event, as the API's do.
+Pages read through ``registry.selectors`` and write through one service each (``registry.services``,
+``registry.promotions``, and ``registry.uploads.version_upload`` for uploads, fed from the browser's
+multipart request as the API feeds it). A refusal is shown with the service's own message and the
+status the API's error table gives it (``registry.api.errors.status_for``), so the rules live in
+one place; every permission is checked here or in the service, whatever the page shows. Refusals
+for lack of a role (403) write an ``access.denied`` audit event, as the API's do.
+
+Tokens, users and passwords are in ``registry.ui_account_views``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
-from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.core.exceptions import RequestAborted
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse, QueryDict
+from django.middleware.csrf import CsrfViewMiddleware
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from registry import promotions, selectors, serving
-from registry.api.errors import status_for
+from modelyard.error_body import error_body
+from registry import promotions, selectors, services, serving
+from registry.api.errors import body_refusal, status_for
+from registry.api.multipart import MultipartUpload
 from registry.audit import actor_from_request, audit_access_denied, audit_event_list
 from registry.audit_verify import audit_verify
 from registry.auth import has_role
-from registry.errors import PermissionDenied, RegistryError
-from registry.models import PromotionState, RegisteredModel, Role
+from registry.errors import InvalidInput, PayloadTooLarge, PermissionDenied, RegistryError
+from registry.models import (
+    PRODUCTION,
+    ModelVersion,
+    PromotionKind,
+    PromotionRequest,
+    PromotionState,
+    RegisteredModel,
+    Role,
+    VersionStatus,
+)
+from registry.signatures import signature_compare
+from registry.ui_charts import traffic_charts
+from registry.ui_errors import error_page
+from registry.ui_forms import (
+    ModelCreateForm,
+    ModelEditForm,
+    PromotionRequestForm,
+    ReasonForm,
+    UiForm,
+    local_time,
+)
+from registry.uploads import version_upload
 
+MODELS_PAGE_SIZE = 25
 AUDIT_PAGE_SIZE = 200
 DECIDED_SHOWN = 50
 
 
-class ReasonForm(forms.Form):
-    """The reason given with a decision or rollback: the API's limits, and no NUL (PostgreSQL refuses it)."""
+# --- Shared -------------------------------------------------------------------------------------------
 
-    reason = forms.CharField(required=False, max_length=2000)
 
-    def error_text(self) -> str:
-        return "; ".join(
-            f"{field}: {' '.join(str(error) for error in errors)}" for field, errors in self.errors.items()
-        )
+def require_role(request: HttpRequest, *roles: str, what: str) -> None:
+    """Raise the domain's PermissionDenied (a 403, audited by the caller) unless the user has one of ``roles``."""
+    if not has_role(request.user, *roles):
+        needed = " or ".join(roles)
+        raise PermissionDenied(f"{what} needs the {needed} role")
+
+
+def refusal(request: HttpRequest, exc: RegistryError) -> int:
+    """The status for a refused change; a refusal for lack of a role (403) is audited, a 404 or 409 is not."""
+    if isinstance(exc, PermissionDenied):
+        audit_access_denied(request=request, reason=exc.message)
+    return status_for(exc) or 400
+
+
+def _form_refusal(form: UiForm) -> InvalidInput:
+    return InvalidInput(form.error_text())
+
+
+def _int_param(request: HttpRequest, key: str) -> int | None:
+    text = request.GET.get(key, "").strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise InvalidInput(f"'{key}' must be a whole number, got {text!r}")
+    return int(text)
+
+
+# --- Models -------------------------------------------------------------------------------------------
+
+
+def _model_index(
+    request: HttpRequest, *, form: ModelCreateForm | None = None, error: str = "", status: int = 200
+) -> HttpResponse:
+    query, tag = request.GET.get("q", "").strip(), request.GET.get("tag", "").strip()
+    page = Paginator(selectors.model_list_with_versions(query=query, tag=tag), MODELS_PAGE_SIZE).get_page(
+        request.GET.get("page")
+    )
+    context = {
+        "models": page.object_list,
+        "page": page,
+        "q": query,
+        "tag": tag,
+        "form": form or ModelCreateForm(),
+        "error": error,
+    }
+    return render(request, "modelyard/ui/models.html", context, status=status)
 
 
 @login_required
 def model_index(request: HttpRequest) -> HttpResponse:
-    models = selectors.model_list_with_versions(query=request.GET.get("q", "").strip())
-    return render(request, "modelyard/ui/models.html", {"models": models, "q": request.GET.get("q", "")})
+    """GET: search and browse; POST: create a model (maintainers)."""
+    if request.method != "POST":
+        return _model_index(request)
+    form = ModelCreateForm(request.POST)
+    try:
+        require_role(request, Role.MAINTAINER, what="creating a model")
+        if not form.is_valid():
+            raise _form_refusal(form)
+        model = services.model_create(
+            name=form.cleaned_data["name"],
+            description=form.cleaned_data["description"],
+            tags=form.cleaned_data["tags"],
+            actor=actor_from_request(request),
+        )
+    except RegistryError as exc:
+        return _model_index(request, form=form, error=exc.message, status=refusal(request, exc))
+    messages.success(request, f"Model '{model.name}' created. Upload its first version.")
+    return redirect("ui:upload", name=model.name)
 
 
-def _model_detail(request: HttpRequest, model: RegisteredModel, *, error: str = "", status: int = 200) -> HttpResponse:
+def _served_at(request: HttpRequest, model: RegisteredModel) -> tuple[datetime | None, list[Any], str]:
+    """The "what served at" picker: the time asked for (in the viewer's zone) and each alias's move then."""
+    text = request.GET.get("at", "").strip()
+    if not text:
+        return None, [], ""
+    try:
+        at = local_time(text, request.GET.get("tz", ""))
+    except ValueError as exc:
+        return None, [], f"at: {exc}"
+    return at, selectors.aliases_at(model=model, at=at), ""
+
+
+def _model_detail(
+    request: HttpRequest,
+    model: RegisteredModel,
+    *,
+    form: ModelEditForm | None = None,
+    error: str = "",
+    status: int = 200,
+) -> HttpResponse:
+    at, served_at, at_error = _served_at(request, model)
+    history = list(selectors.model_alias_history(model=model))
+    aliases = list(selectors.alias_list(model=model))
+    for alias in aliases:
+        # What a rollback would go back to: where its last move came from (newest first in the history).
+        last = next((move for move in history if move.alias_id == alias.pk), None)
+        alias.previous = last.from_version if last is not None else None  # type: ignore[attr-defined]
     context = {
         "model": model,
         "versions": selectors.version_list(model=model),
-        "aliases": selectors.alias_list(model=model),
-        "history": selectors.model_alias_history(model=model),
-        "error": error,
+        "aliases": aliases,
+        "history": history,
+        "at": at,
+        "served_at": served_at,
+        "form": form or ModelEditForm(initial={"description": model.description, "tags": " ".join(model.tags)}),
+        "error": error or at_error,
     }
-    return render(request, "modelyard/ui/model.html", context, status=status)
+    return render(request, "modelyard/ui/model.html", context, status=400 if at_error and status == 200 else status)
 
 
 @login_required
 def model_detail(request: HttpRequest, name: str) -> HttpResponse:
-    return _model_detail(request, get_object_or_404(RegisteredModel, name=name))
+    """GET: versions, aliases, history; POST: edit the description and tags (maintainers)."""
+    model = get_object_or_404(RegisteredModel, name=name)
+    if request.method != "POST":
+        return _model_detail(request, model)
+    form = ModelEditForm(request.POST)
+    try:
+        require_role(request, Role.MAINTAINER, what="editing a model")
+        if not form.is_valid():
+            raise _form_refusal(form)
+        services.model_update(
+            model=model,
+            description=form.cleaned_data["description"],
+            tags=form.cleaned_data["tags"],
+            actor=actor_from_request(request),
+        )
+    except RegistryError as exc:
+        return _model_detail(request, model, form=form, error=exc.message, status=refusal(request, exc))
+    messages.success(request, f"Model '{model.name}' saved.")
+    return redirect("ui:model", name=model.name)
 
 
 @login_required
@@ -74,9 +214,244 @@ def alias_rollback(request: HttpRequest, name: str, alias: str) -> HttpResponse:
             model=model, alias_name=alias, actor=actor_from_request(request), reason=form.cleaned_data["reason"]
         )
     except RegistryError as exc:
-        _audit_refusal(request, exc)
-        return _model_detail(request, model, error=exc.message, status=status_for(exc) or 400)
+        return _model_detail(request, model, error=exc.message, status=refusal(request, exc))
     messages.success(request, f"'{alias}' rolled back to version {move.to_version.version}.")
+    return redirect("ui:model", name=model.name)
+
+
+# --- Versions -----------------------------------------------------------------------------------------
+
+
+def _version_or_404(model: RegisteredModel, number: int) -> ModelVersion:
+    version = selectors.version_get(model=model, number=number)
+    if version is None:
+        raise Http404(f"model '{model.name}' has no version {number}")
+    return version
+
+
+@login_required
+def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse:
+    model = get_object_or_404(RegisteredModel, name=name)
+    version = _version_or_404(model, number)
+    context = {
+        "model": model,
+        "version": version,
+        "files": list(version.files.all()),
+        "aliases": [alias for alias in selectors.alias_list(model=model) if alias.version_id == version.pk],
+        "fleet": selectors.version_fleet_state(model=model.name, version=version.version),
+        "others": [v.version for v in selectors.version_list(model=model) if v.pk != version.pk],
+        "metadata": json.dumps(version.metadata, indent=2, sort_keys=True) if version.metadata else "",
+        "settled": version.status in (VersionStatus.READY, VersionStatus.FAILED),
+    }
+    return render(request, "modelyard/ui/version.html", context)
+
+
+class _WithoutBody:
+    """The request as the CSRF check sees it before the body is read: the token must come in ``X-CSRFToken``."""
+
+    def __init__(self, request: HttpRequest) -> None:
+        self._request = request
+        self.POST = QueryDict()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._request, name)
+
+
+def _csrf_refusal(request: HttpRequest) -> HttpResponse | None:
+    """Django's own CSRF check, made without reading the body, so that the body can stream to storage.
+
+    The middleware's check reads ``request.POST``, which would parse the whole upload (to temporary
+    files) before the view runs; the upload page's script sends the token as a header instead.
+    """
+    check = CsrfViewMiddleware(lambda _request: HttpResponse())
+    return check.process_view(_WithoutBody(request), None, (), {})  # type: ignore[arg-type]
+
+
+def _content_length(request: HttpRequest) -> int:
+    try:
+        return int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return 0  # the parser finds out what the body really holds, under the same limits
+
+
+def _upload_page(request: HttpRequest, model: RegisteredModel) -> HttpResponse:
+    return render(request, "modelyard/ui/upload.html", {"model": model, "max_bytes": settings.MAX_UPLOAD_BYTES})
+
+
+@csrf_exempt  # checked by _csrf_refusal, before the body is read
+@login_required
+def version_upload_page(request: HttpRequest, name: str) -> HttpResponse:
+    """GET: the drop zone. POST (from its script): the multipart upload, streamed to ``version_upload``.
+
+    The POST answers as the API does, in JSON: 201 with the new version's page, or the error with
+    its status, which the page shows in place.
+    """
+    model = get_object_or_404(RegisteredModel, name=name)
+    if request.method not in ("GET", "HEAD", "POST"):
+        return HttpResponseNotAllowed(["GET", "POST"])
+    if request.method != "POST":
+        return _upload_page(request, model)
+    refused = _csrf_refusal(request)
+    if refused is not None:
+        return refused
+    try:
+        require_role(request, Role.MAINTAINER, what="uploading a version")
+        if not (request.content_type or "").startswith("multipart/form-data"):
+            raise InvalidInput("send the files as multipart/form-data with one 'file' part per file")
+        if _content_length(request) > settings.MAX_UPLOAD_BYTES:
+            raise PayloadTooLarge(f"the upload is larger than the limit of {settings.MAX_UPLOAD_BYTES} bytes")
+        with MultipartUpload(request) as body:
+            version = version_upload(model=model, source=body, actor=actor_from_request(request))
+    except RegistryError as exc:
+        return JsonResponse(error_body(exc.message, exc.detail), status=refusal(request, exc))
+    except RequestAborted:
+        raise  # the client is gone: nobody reads an answer
+    except Exception as exc:
+        # Limits hit while the body arrived (size, an idle client, too many parts), worded as the API words them.
+        answer = body_refusal(exc)
+        if answer is None:
+            raise
+        return JsonResponse(answer.data, status=answer.status_code)
+    version.refresh_from_db()  # in-process validation may already have finished
+    url = reverse("ui:version", kwargs={"name": model.name, "number": version.version})
+    messages.success(request, f"Version {version.version} uploaded.")
+    return JsonResponse({"version": version.version, "status": version.status, "url": url}, status=201)
+
+
+# --- Compare ------------------------------------------------------------------------------------------
+
+
+def _metadata_diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for key in sorted(old.keys() | new.keys()):
+        before, after = old.get(key), new.get(key)
+        rows.append(
+            {
+                "key": key,
+                "before": json.dumps(before) if key in old else None,
+                "after": json.dumps(after) if key in new else None,
+                "changed": key not in old or key not in new or before != after,
+            }
+        )
+    return rows
+
+
+def _file_diff(old: ModelVersion, new: ModelVersion) -> list[dict[str, Any]]:
+    before = {f.name: f for f in old.files.all()}
+    after = {f.name: f for f in new.files.all()}
+    names = list(before) + [name for name in after if name not in before]
+    return [
+        {
+            "name": name,
+            "before": before.get(name),
+            "after": after.get(name),
+            "same": name in before and name in after and before[name].sha256 == after[name].sha256,
+        }
+        for name in names
+    ]
+
+
+def comparison(old: ModelVersion, new: ModelVersion) -> dict[str, Any]:
+    """What a reviewer reads when ``new`` would replace ``old``: signature, metadata and files side by side."""
+    changes = signature_compare(old.signature, new.signature)
+    return {
+        "old": old,
+        "new": new,
+        "signature": changes,
+        "breaking": [problem for change in changes for problem in change.breaking],
+        "metadata": _metadata_diff(old.metadata or {}, new.metadata or {}),
+        "files": _file_diff(old, new),
+        "size_change": new.size_bytes - old.size_bytes,
+    }
+
+
+@login_required
+def version_compare(request: HttpRequest, name: str) -> HttpResponse:
+    model = get_object_or_404(RegisteredModel, name=name)
+    numbers = [v.version for v in selectors.version_list(model=model)]
+    context: dict[str, Any] = {"model": model, "numbers": numbers}
+    try:
+        a, b = _int_param(request, "a"), _int_param(request, "b")
+    except InvalidInput as exc:
+        return render(request, "modelyard/ui/compare.html", {**context, "error": exc.message}, status=400)
+    context |= {"a": a, "b": b}
+    if a is not None and b is not None:
+        context["diff"] = comparison(_version_or_404(model, a), _version_or_404(model, b))
+    return render(request, "modelyard/ui/compare.html", context)
+
+
+# --- Promotion requests -------------------------------------------------------------------------------
+
+
+def _promote_page(
+    request: HttpRequest, model: RegisteredModel, form: PromotionRequestForm, *, error: str = "", status: int = 200
+) -> HttpResponse:
+    """The request form, with what the request would change: the diff against the version behind the alias now."""
+    ready = [v for v in selectors.version_list(model=model) if v.status == VersionStatus.READY]
+    data = form.data if form.is_bound else form.initial
+    alias_name = str(data.get("alias") or PRODUCTION)
+    alias = next((a for a in selectors.alias_list(model=model) if a.name == alias_name), None)
+    try:
+        number = int(data.get("version") or 0)
+    except (TypeError, ValueError):
+        number = 0
+    candidate = next((v for v in ready if v.version == number), None)
+    current = alias.version if alias is not None else None
+    diff = comparison(current, candidate) if current is not None and candidate is not None else None
+    context = {
+        "model": model,
+        "form": form,
+        "ready": ready,
+        "aliases": selectors.alias_list(model=model),
+        "alias_name": alias_name,
+        "alias": alias,
+        "current": current,
+        "candidate": candidate,
+        "diff": diff,
+        "needs_approval": alias is not None and alias.protected,
+        "waiting": selectors.promotion_list(state=PromotionState.PENDING, model_name=model.name).filter(
+            alias__name=alias_name
+        ),
+        "error": error,
+    }
+    return render(request, "modelyard/ui/promote.html", context, status=status)
+
+
+@login_required
+def promotion_request(request: HttpRequest, name: str) -> HttpResponse:
+    """GET: choose an alias and a ready version and see the diff; POST: set the alias or open a request."""
+    model = get_object_or_404(RegisteredModel, name=name)
+    if request.method != "POST":
+        latest = next((v.version for v in selectors.version_list(model=model) if v.status == VersionStatus.READY), "")
+        initial = {"alias": request.GET.get("alias") or PRODUCTION, "version": request.GET.get("version") or latest}
+        return _promote_page(request, model, PromotionRequestForm(initial=initial))
+    form = PromotionRequestForm(request.POST)
+    try:
+        require_role(request, Role.MAINTAINER, what="requesting a promotion")
+        if not form.is_valid():
+            raise _form_refusal(form)
+        outcome = promotions.alias_set(
+            model=model,
+            alias_name=form.cleaned_data["alias"],
+            version_number=form.cleaned_data["version"],
+            reason=form.cleaned_data["reason"],
+            force=form.cleaned_data["force"],
+            actor=actor_from_request(request),
+        )
+    except RegistryError as exc:
+        return _promote_page(request, model, form, error=exc.message, status=refusal(request, exc))
+    alias, number = form.cleaned_data["alias"], form.cleaned_data["version"]
+    if outcome.promotion is not None:
+        messages.success(
+            request,
+            f"Promotion request {outcome.promotion.pk} opened: '{alias}' moves to version {number} once another "
+            "approver approves it.",
+        )
+        return redirect("ui:promotion", promotion_id=outcome.promotion.pk)
+    if outcome.move is None:
+        messages.success(request, f"'{alias}' already points to version {number}.")
+    else:
+        messages.success(request, f"'{alias}' now points to version {number}.")
     return redirect("ui:model", name=model.name)
 
 
@@ -94,9 +469,50 @@ def promotion_index(request: HttpRequest) -> HttpResponse:
     return _promotion_index(request)
 
 
-_DECISIONS: dict[str, Callable[..., Any]] = {
+def _why_not(request: HttpRequest, promotion: PromotionRequest) -> str:
+    """Why this viewer cannot decide the request, or "" if they can (the service checks it again)."""
+    if promotion.state != PromotionState.PENDING:
+        return f"This request is {promotion.state}."
+    if promotion.expires_at <= timezone.now():
+        return "This request has expired."
+    if promotion.requested_by_id == request.user.pk:
+        return "You requested this promotion; another approver must approve it. You can cancel it."
+    if not has_role(request.user, Role.APPROVER):
+        return "Approving and rejecting need the approver role."
+    return ""
+
+
+def _promotion_review(
+    request: HttpRequest, promotion: PromotionRequest, *, error: str = "", status: int = 200
+) -> HttpResponse:
+    diff = None
+    if promotion.kind == PromotionKind.MOVE and promotion.version is not None and promotion.base_version is not None:
+        diff = comparison(promotion.base_version, promotion.version)
+    context = {
+        "promotion": promotion,
+        "diff": diff,
+        "why_not": _why_not(request, promotion),
+        "own": promotion.requested_by_id == request.user.pk,
+        "error": error,
+    }
+    return render(request, "modelyard/ui/promotion.html", context, status=status)
+
+
+def _promotion_or_404(promotion_id: int) -> PromotionRequest:
+    return get_object_or_404(
+        selectors.promotion_list().prefetch_related("version__files", "base_version__files"), pk=promotion_id
+    )
+
+
+@login_required
+def promotion_detail(request: HttpRequest, promotion_id: int) -> HttpResponse:
+    return _promotion_review(request, _promotion_or_404(promotion_id))
+
+
+_DECISIONS: dict[str, Callable[..., PromotionRequest]] = {
     "approve": promotions.promotion_approve,
     "reject": promotions.promotion_reject,
+    "cancel": promotions.promotion_cancel,
 }
 
 
@@ -106,39 +522,81 @@ def promotion_decide(request: HttpRequest, promotion_id: int, decision: str) -> 
     service = _DECISIONS.get(decision)
     if service is None:
         raise Http404(f"unknown decision '{decision}'")
+    promotion = _promotion_or_404(promotion_id)
     form = ReasonForm(request.POST)
     if not form.is_valid():
-        return _promotion_index(request, error=form.error_text(), status=400)
+        return _promotion_review(request, promotion, error=form.error_text(), status=400)
     try:
-        promotion = service(
+        decided = service(
             promotion_id=promotion_id, actor=actor_from_request(request), reason=form.cleaned_data["reason"]
         )
     except RegistryError as exc:
-        _audit_refusal(request, exc)
-        return _promotion_index(request, error=exc.message, status=status_for(exc) or 400)
-    messages.success(request, f"Promotion request {promotion.pk} {promotion.state}.")
+        return _promotion_review(request, promotion, error=exc.message, status=refusal(request, exc))
+    messages.success(request, f"Promotion request {decided.pk} {decided.state}.")
     return redirect("ui:promotions")
+
+
+# --- Audit --------------------------------------------------------------------------------------------
+
+AUDIT_FILTERS = ("actor", "action", "model")
 
 
 @login_required
 def audit_index(request: HttpRequest) -> HttpResponse:
     if not has_role(request.user, Role.AUDITOR):
-        audit_access_denied(request=request, reason="reading the audit log needs the auditor or admin role")
-        return render(request, "modelyard/ui/forbidden.html", {"needed": "auditor"}, status=403)
-    filters = {key: request.GET.get(key, "").strip() for key in ("actor", "action", "model")}
-    events = audit_event_list(actor=filters["actor"], action=filters["action"], model=filters["model"])
-    events = events.order_by("-seq")[:AUDIT_PAGE_SIZE]
-    verified = audit_verify() if request.GET.get("verify") else None
-    return render(request, "modelyard/ui/audit.html", {"events": events, "filters": filters, "verified": verified})
+        reason = "reading the audit log needs the auditor or admin role"
+        audit_access_denied(request=request, reason=reason)
+        return error_page(request, 403, reason[0].upper() + reason[1:] + ".")
+    filters = {key: request.GET.get(key, "").strip() for key in AUDIT_FILTERS}
+    times = {key: request.GET.get(key, "").strip() for key in ("since", "until")}
+    zone = request.GET.get("tz", "")
+    bounds: dict[str, datetime | None] = {"since": None, "until": None}
+    try:
+        for key, text in times.items():
+            bounds[key] = local_time(text, zone) if text else None
+        before = _int_param(request, "before")
+    except (ValueError, InvalidInput) as exc:
+        message = exc.message if isinstance(exc, InvalidInput) else str(exc)
+        refused = {"events": [], "filters": filters, "times": times, "zone": zone, "export": {}, "error": message}
+        return render(request, "modelyard/ui/audit.html", refused, status=400)
+    events = audit_event_list(
+        actor=filters["actor"],
+        action=filters["action"],
+        model=filters["model"],
+        since=bounds["since"],
+        until=bounds["until"],
+    ).order_by("-seq")
+    if before is not None:
+        events = events.filter(seq__lt=before)
+    page = list(events[: AUDIT_PAGE_SIZE + 1])
+    older = page[AUDIT_PAGE_SIZE - 1].seq if len(page) > AUDIT_PAGE_SIZE else None
+    query = {key: value for key, value in {**filters, **times, "tz": zone}.items() if value}
+    export = {**filters, **{key: value.isoformat() for key, value in bounds.items() if value is not None}}
+    context: dict[str, Any] = {
+        "events": page[:AUDIT_PAGE_SIZE],
+        "filters": filters,
+        "times": times,
+        "zone": zone,
+        "older": older,
+        "newest": before is not None,
+        "query": query,
+        "export": {key: value for key, value in export.items() if value},
+        "verified": audit_verify() if request.GET.get("verify") else None,
+    }
+    return render(request, "modelyard/ui/audit.html", context)
 
 
-def _audit_refusal(request: HttpRequest, exc: RegistryError) -> None:
-    """A refusal for lack of a role (403) is audited; a 404 or 409 is not."""
-    if isinstance(exc, PermissionDenied):
-        audit_access_denied(request=request, reason=exc.message)
+# --- Fleet --------------------------------------------------------------------------------------------
 
 
 @login_required
 def fleet_index(request: HttpRequest) -> HttpResponse:
-    workers = [{"worker": worker, "online": worker.online} for worker in serving.fleet_list()]
+    workers = [
+        {
+            "worker": worker,
+            "online": worker.online,
+            "rows": [(row, traffic_charts(row.traffic, until=worker.heartbeat_at)) for row in worker.loaded],
+        }
+        for worker in serving.fleet_list()
+    ]
     return render(request, "modelyard/ui/fleet.html", {"workers": workers})

@@ -3,7 +3,7 @@
 Domain errors (``registry.errors``) carry no HTTP: :data:`STATUS` is the one table that gives each
 its status, for the REST API here and for the UI views (``registry.ui_views``). DRF's own
 exceptions (validation, authentication, throttling) keep the status DRF gives them, and the limits
-hit while a body is read get theirs in :func:`_body_refusal`. Every body is built by
+hit while a body is read get theirs in :func:`body_refusal`. Every body is built by
 ``modelyard.error_body``.
 """
 
@@ -81,7 +81,7 @@ def _summarise(detail: Any) -> str:
     return str(detail)
 
 
-def _body_refusal(exc: Exception) -> Response | None:
+def body_refusal(exc: Exception) -> Response | None:
     """Limits hit while the request body was read; the connection closes after an unread body."""
     close = {"Connection": "close"}
     if isinstance(exc, BodyTooLarge):
@@ -109,7 +109,7 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if response is not None:
         set_rollback()  # as DRF does for the errors it handles
     else:
-        response = _body_refusal(exc) or _drf_error_response(exc, context)
+        response = body_refusal(exc) or _drf_error_response(exc, context)
     if response is None:
         return None
     _audit_refusal(exc, response, context.get("request"))

@@ -11,6 +11,16 @@ from rest_framework.views import APIView
 from registry import serving
 
 
+class TrafficBucketSerializer(serializers.Serializer[serving.TrafficBucket]):
+    start = serializers.FloatField(help_text="seconds since the epoch")
+    seconds = serializers.FloatField(help_text="the interval's length; less for the one still filling")
+    requests = serializers.IntegerField()
+    # DRF takes declared fields out of the class, so this does not shadow Serializer.errors at run time.
+    errors = serializers.IntegerField()  # type: ignore[assignment]
+    p50_ms = serializers.FloatField(allow_null=True)
+    p99_ms = serializers.FloatField(allow_null=True)
+
+
 class LoadedRowSerializer(serializers.Serializer[serving.LoadedRow]):
     model = serializers.CharField()
     version = serializers.IntegerField()
@@ -22,6 +32,7 @@ class LoadedRowSerializer(serializers.Serializer[serving.LoadedRow]):
     provider = serializers.CharField()
     note = serializers.CharField()
     attempts = serializers.IntegerField()
+    traffic = TrafficBucketSerializer(many=True, help_text="the last minutes of requests, 10-second intervals")
 
 
 class DeviceSerializer(serializers.Serializer[serving.DeviceRow]):

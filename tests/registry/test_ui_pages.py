@@ -104,13 +104,16 @@ def test_refused_reject_is_403_and_recorded(requester, maintainer):
     assert denied.after["reason"] == "to reject a promotion you need the approver role"
 
 
-def test_promotions_page_lists_pending_with_decision_buttons(requester, reviewer):
+def test_promotions_page_lists_pending_and_the_review_page_has_the_decision_buttons(requester, reviewer):
     promotion = pending_promotion(requester)
     response = reviewer.client.get("/ui/promotions")
     assert response.status_code == 200
     assert list(response.context["pending"]) == [promotion]
-    assert b"Approve" in response.content and b"Reject" in response.content
-    assert b"csrfmiddlewaretoken" in response.content
+    # Nobody approves blind from the list: the decision is on the review page, beside the diff.
+    assert f'href="/ui/promotions/{promotion.pk}"'.encode() in response.content
+    review = reviewer.client.get(f"/ui/promotions/{promotion.pk}")
+    assert b"Approve" in review.content and b"Reject" in review.content
+    assert b"csrfmiddlewaretoken" in review.content
 
 
 def test_approve_moves_the_alias_and_writes_the_audit_event(requester, reviewer):

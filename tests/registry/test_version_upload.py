@@ -58,6 +58,22 @@ def test_download_returns_the_onnx_bytes(owner, registered):
     assert response["X-Content-SHA256"] == hashlib.sha256(data).hexdigest()
 
 
+def test_download_names_any_file_of_the_version(owner, outsider, registered):
+    data = add_model_bytes()
+    tokenizer = b'{"vocab": {}}'
+    owner.upload(registered, [("model.onnx", data), ("tokenizer.json", tokenizer)])
+    for name, content in (("tokenizer.json", tokenizer), ("model.onnx", data)):
+        response = outsider.get(f"/api/v1/models/{registered}/versions/1/download?file={name}")  # any reader
+        assert response.status_code == 200
+        assert b"".join(response.streaming_content) == content
+        assert response["X-Content-SHA256"] == hashlib.sha256(content).hexdigest()
+        assert response["Content-Length"] == str(len(content))
+        assert response["Content-Disposition"] == f'attachment; filename="{name}"'
+    response = outsider.get(f"/api/v1/models/{registered}/versions/1/download?file=vocab.txt")
+    assert response.status_code == 404
+    assert response.json() == {"error": "version 1 of model 'demo' has no file 'vocab.txt'", "detail": None}
+
+
 def test_viewer_cannot_upload(outsider, registered):
     response = outsider.upload(registered, [("model.onnx", add_model_bytes())])
     assert response.status_code == 403

@@ -19,11 +19,11 @@ def _model(graph: onnx.GraphProto, *, ir_version: int = IR, opset: int = OPSET, 
     )
 
 
-def add_model(*, ir_version: int = IR, opset: int = OPSET, bias: float = 1.0) -> onnx.ModelProto:
-    """y = x + bias, with x of shape [N, 4] (N dynamic)."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
-    b = numpy_helper.from_array(np.full([4], bias, dtype=np.float32), "b")
+def add_model(*, ir_version: int = IR, opset: int = OPSET, bias: float = 1.0, width: int = 4) -> onnx.ModelProto:
+    """y = x + bias, with x of shape [N, width] (N dynamic; another width is a breaking change)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])
+    b = numpy_helper.from_array(np.full([width], bias, dtype=np.float32), "b")
     graph = helper.make_graph([helper.make_node("Add", ["x", "b"], ["y"])], "add", [x], [y], [b])
     return _model(graph, ir_version=ir_version, opset=opset)
 

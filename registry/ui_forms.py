@@ -1,0 +1,110 @@
+"""The web UI's forms: what each page accepts, with the REST API's limits and wording.
+
+A form only checks shape (lengths, patterns, numbers); the rules of the registry stay in the
+services, whose refusals the views show as they come.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from django import forms
+from django.utils import timezone
+
+from registry.models import NAME_PATTERN, Role
+
+TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$")
+MAX_TAGS = 32
+NAME_MESSAGE = (
+    "invalid model name: use 1-64 characters of lowercase letters, digits, '.', '_' or '-', "
+    "starting with a letter or digit"
+)
+
+
+class UiForm(forms.Form):
+    def error_text(self) -> str:
+        """Every error on one line, each after its field's name, for the page's alert."""
+        return "; ".join(
+            f"{field}: {' '.join(str(error) for error in errors)}"
+            if field != "__all__"
+            else " ".join(str(error) for error in errors)
+            for field, errors in self.errors.items()
+        )
+
+
+class ReasonForm(UiForm):
+    """The reason given with a decision or rollback: the API's limits, and no NUL (PostgreSQL refuses it)."""
+
+    reason = forms.CharField(required=False, max_length=2000)
+
+
+class TagsField(forms.CharField):
+    """Tags as one line, separated by commas or spaces."""
+
+    def to_python(self, value: Any) -> list[str]:  # type: ignore[override]
+        text = super().to_python(value) or ""
+        tags = [tag for tag in re.split(r"[,\s]+", text) if tag]
+        bad = [tag for tag in tags if not TAG_PATTERN.match(tag)]
+        if bad:
+            raise forms.ValidationError(f"bad tag {bad[0]!r}: use letters, digits and . _ : / -, at most 64 characters")
+        if len(tags) > MAX_TAGS:
+            raise forms.ValidationError(f"at most {MAX_TAGS} tags")
+        return list(dict.fromkeys(tags))
+
+
+class ModelEditForm(UiForm):
+    description = forms.CharField(required=False, max_length=10_000, widget=forms.Textarea)
+    tags = TagsField(required=False, max_length=4000)
+
+
+class ModelCreateForm(ModelEditForm):
+    name = forms.RegexField(NAME_PATTERN, max_length=64, error_messages={"invalid": NAME_MESSAGE})
+
+
+class PromotionRequestForm(UiForm):
+    alias = forms.RegexField(
+        NAME_PATTERN,
+        max_length=64,
+        error_messages={"invalid": "use lowercase letters, digits, '.', '_' or '-', starting with a letter or digit"},
+    )
+    version = forms.IntegerField(min_value=1)
+    reason = forms.CharField(required=False, max_length=2000)
+    force = forms.BooleanField(required=False)
+
+
+class TokenCreateForm(UiForm):
+    name = forms.CharField(required=False, max_length=100)
+    expires_days = forms.IntegerField(required=False, min_value=1, max_value=3650)
+
+
+ROLE_CHOICES = [(role.value, role.value) for role in Role]
+
+
+class UserInviteForm(UiForm):
+    username = forms.CharField(max_length=150)
+    roles = forms.MultipleChoiceField(choices=ROLE_CHOICES, required=False)
+    # Empty: the user gets no password, and the page shows a set-password link to hand over instead.
+    password = forms.CharField(required=False, max_length=128, strip=False)
+
+
+class UserAccessForm(UiForm):
+    roles = forms.MultipleChoiceField(choices=ROLE_CHOICES, required=False)
+    is_active = forms.BooleanField(required=False)
+
+
+def local_time(text: str, zone: str) -> datetime:
+    """``text`` (ISO, as ``<input type=datetime-local>`` sends it) as an aware time; ValueError says what is wrong."""
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"{text!r} is not a date and time such as 2026-01-31T14:30") from None
+    if timezone.is_aware(value):
+        return value
+    try:
+        tz = ZoneInfo(zone) if zone else ZoneInfo("UTC")
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ValueError(f"unknown time zone {zone!r}") from None
+    return value.replace(tzinfo=tz)

@@ -1,0 +1,600 @@
+"""The web UI's whole jobs in real Chromium, against a real ``modelyard serve --role all`` (tests/support/ui.py).
+
+One browser for the module, a context per person. Registry state is made through the services in
+this process (the server shares the test database and the artifact folder); everything the tests
+are about is done in the browser. Screenshots land in build/screenshots.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+from zoneinfo import ZoneInfo
+
+import pytest
+import requests
+from django.contrib.auth import get_user_model
+from playwright.sync_api import expect
+
+from modelyard.env import StorageConfig
+from registry import promotions, services, tasks
+from registry.audit import Actor
+from registry.models import (
+    PRODUCTION,
+    AliasMove,
+    AuditEvent,
+    InferenceWorker,
+    ModelVersion,
+    PromotionRequest,
+    RegisteredModel,
+    Role,
+)
+from registry.uploads import LocalUpload, version_upload
+from storage import get_storage
+from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
+from tests.support.onnx_models import add_model_bytes
+from tests.support.polling import eventually
+from tests.support.ui import LAPTOP, PHONE, UiServer, csp_violations, csrf_token, login, person, shoot
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+X = [[0.5, 1.0, 1.5, 2.0]]
+
+
+@pytest.fixture(scope="module")
+def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiServer]:
+    running = UiServer(tmp_path_factory.mktemp("ui-server"))
+    try:
+        yield running.start()
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an event loop in this thread, and Django then refuses every query as
+    # if it ran inside that loop. None does: the tests query between browser calls, never within them.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        with sync_playwright() as playwright:
+            launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+            try:
+                yield launched
+            finally:
+                launched.close()
+
+
+@pytest.fixture(autouse=True)
+def _shared_storage(server: UiServer, settings: Any) -> Iterator[None]:
+    """This process writes where the server reads."""
+    settings.STORAGE = StorageConfig(kind="file", path=str(server.storage))
+    get_storage.cache_clear()
+    yield
+    get_storage.cache_clear()
+
+
+def upload(model: str, actor: Actor, **kwargs: Any) -> ModelVersion:
+    """A version uploaded and validated here, through the one upload service."""
+    data = add_model_bytes(**kwargs)
+    version = version_upload(
+        model=RegisteredModel.objects.get(name=model), source=LocalUpload([("model.onnx", data)]), actor=actor
+    )
+    version.refresh_from_db()
+    assert version.status == "ready", version.errors
+    return version
+
+
+def promote(model: str, number: int, requester: Actor, approver: Actor, **kwargs: Any) -> None:
+    outcome = promotions.alias_set(
+        model=RegisteredModel.objects.get(name=model),
+        alias_name=PRODUCTION,
+        version_number=number,
+        actor=requester,
+        reason="setup",
+        **kwargs,
+    )
+    assert outcome.promotion is not None
+    promotions.promotion_approve(promotion_id=outcome.promotion.pk, actor=approver, reason="setup")
+
+
+def confirm(page: Any) -> None:
+    """Answer the page's confirmation <dialog> with its confirm button."""
+    dialog = page.locator("dialog#confirm")
+    dialog.wait_for(state="visible")
+    dialog.locator("button[value=yes]").click()
+
+
+def infer(server: UiServer, token: str) -> Any:
+    body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": X[0]}]}
+    response = requests.post(
+        f"{server.url}/v2/models/demo/infer", json=body, headers={"Authorization": f"Bearer {token}"}, timeout=30
+    )
+    return response
+
+
+# --- 1. Upload with a progress bar, then validation to ready --------------------------------------------
+
+
+PROGRESS_WATCH = """() => {
+  window.progressSeen = [];
+  const bar = document.getElementById("progress");
+  new MutationObserver(() => window.progressSeen.push([bar.value, bar.max]))
+    .observe(bar, { attributes: true, attributeFilter: ["value", "max"] });
+  const seen = () => window.progressSeen.push([bar.value, bar.max]);
+  bar.addEventListener("change", seen);
+}"""
+
+DROP_FILES = """([modelBase64, tokenizer, weightBytes]) => {
+  const bytes = Uint8Array.from(atob(modelBase64), (c) => c.charCodeAt(0));
+  const transfer = new DataTransfer();
+  transfer.items.add(new File([new Uint8Array(weightBytes).fill(7)], "weights.bin"));
+  transfer.items.add(new File([tokenizer], "tokenizer.json", { type: "application/json" }));
+  transfer.items.add(new File([bytes], "model.onnx"));
+  const drop = document.getElementById("drop");
+  drop.dispatchEvent(new DragEvent("dragover", { dataTransfer: transfer, bubbles: true, cancelable: true }));
+  drop.dispatchEvent(new DragEvent("drop", { dataTransfer: transfer, bubbles: true, cancelable: true }));
+}"""
+
+
+def test_1_maintainer_uploads_with_progress_and_sees_the_version_ready(server, browser):
+    mia = person("mia", Role.MAINTAINER)
+    services.model_create(name="demo", description="sentence embeddings", tags=["nlp"], actor=mia)
+    page = login(browser, server.url, "mia")
+    page.goto(f"{server.url}/ui/models/demo")
+    page.get_by_role("link", name="Upload a version").click()
+    page.wait_for_url(f"{server.url}/ui/models/demo/upload")
+    shoot(page, "upload-empty")
+
+    model = add_model_bytes(bias=2.0)
+    tokenizer = '{"vocab": {"hello": 1}}'
+    weights = 3 * 1024 * 1024
+    page.evaluate(DROP_FILES, [base64.b64encode(model).decode(), tokenizer, weights])
+    names = page.locator(".filelist li")
+    assert names.all_inner_texts()[0].startswith("model.onnx (model)")  # dropped last, sent first
+    assert names.count() == 3
+    page.fill("#id_description", "first cut")
+    page.fill("#id_metadata", '{"run": "42"}')
+    shoot(page, "upload-dropped")
+    page.get_by_role("button", name="Upload").click()
+    page.wait_for_url(f"{server.url}/ui/models/demo/versions/1", timeout=60_000)
+    page.locator("#status .badge").filter(has_text="ready").wait_for()
+    signature = page.locator("table.signature")
+    assert "x" in signature.inner_text() and "FP32" in signature.inner_text() and "[-1, 4]" in signature.inner_text()
+    assert page.get_by_role("status").first.inner_text() == "Version 1 uploaded."
+    files = page.locator("#files tbody tr")
+    assert files.count() == 3
+    href = page.locator("#files a", has_text="tokenizer.json").get_attribute("href")
+    download = page.request.get(f"{server.url}{href}")
+    assert download.status == 200 and download.body() == tokenizer.encode()
+    assert download.headers["x-content-sha256"] == hashlib.sha256(tokenizer.encode()).hexdigest()
+    shoot(page, "version-ready")
+
+    version = ModelVersion.objects.get(model__name="demo", version=1)
+    assert (version.status, version.description, version.metadata) == ("ready", "first cut", {"run": "42"})
+    assert [f.name for f in version.files.order_by("id")] == ["model.onnx", "weights.bin", "tokenizer.json"]
+    assert version.size_bytes == len(model) + weights + len(tokenizer)
+    assert csp_violations(page) == []
+
+
+def test_1_progress_bar_moves_while_the_bytes_go(server, browser):
+    person("max", Role.MAINTAINER)
+    services.model_create(name="demo", actor=Actor(user=get_user_model().objects.get(username="max")))
+    page = login(browser, server.url, "max")
+    page.goto(f"{server.url}/ui/models/demo/upload")
+    page.evaluate(DROP_FILES, [base64.b64encode(add_model_bytes()).decode(), "{}", 4 * 1024 * 1024])
+    page.evaluate(PROGRESS_WATCH)
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("Network.enable")
+    cdp.send(
+        "Network.emulateNetworkConditions",
+        {"offline": False, "latency": 0, "downloadThroughput": -1, "uploadThroughput": 2 * 1024 * 1024},
+    )
+    # Hold the navigation that follows the upload, so the recorded progress can be read.
+    page.route(re.compile(r".*/versions/1$"), lambda route: route.abort())
+    page.get_by_role("button", name="Upload").click()
+    page.wait_for_function("() => window.progressSeen && window.progressSeen.some(([v, m]) => m > 1 && v >= m)")
+    seen = page.evaluate("window.progressSeen")
+    total = max(m for _, m in seen)
+    partial = {v for v, m in seen if m == total and 0 < v < total}
+    assert len(partial) >= 2, seen  # the bar moved through several values before it was full
+    shoot(page, "upload-sent")
+
+
+def test_1_a_version_still_validating_updates_its_page_by_itself(server, browser):
+    mia = person("mia", Role.MAINTAINER)
+    services.model_create(name="demo", actor=mia)
+    version = upload("demo", mia)
+    # As if a worker had not got to it yet.
+    ModelVersion.objects.filter(pk=version.pk).update(status="pending", validation_attempts=0, signature={})
+    page = login(browser, server.url, "mia")
+    page.goto(f"{server.url}/ui/models/demo/versions/1")
+    assert page.locator("#status .badge").inner_text() == "pending"
+    assert page.locator("table.signature").inner_text().count("input") == 0
+    tasks.validate_version(version.pk)  # the worker gets to it
+    page.locator("#status .badge").filter(has_text="ready").wait_for()  # no reload by the test
+    assert "[-1, 4]" in page.locator("table.signature").inner_text()
+
+
+# --- 2 and 3. Request promotion; another approver reviews, confirms, and it serves ----------------------
+
+
+def test_2_3_request_promotion_then_another_approver_approves_and_it_serves(server, browser):
+    mia = person("mia", Role.MAINTAINER, Role.APPROVER)
+    person("ana", Role.APPROVER)
+    boss = person("boss", Role.APPROVER)
+    services.model_create(name="demo", actor=mia)
+    upload("demo", mia, bias=1.0)
+    upload("demo", mia, bias=2.0)
+    promote("demo", 1, mia, boss)
+    _, inference_token = services.token_create(username="client", create_user=True, roles=[Role.INFERENCE])
+
+    # 2. The maintainer asks for v2 on production, and cannot approve it.
+    page = login(browser, server.url, "mia")
+    page.goto(f"{server.url}/ui/models/demo")
+    page.get_by_role("link", name="Request promotion").click()
+    assert page.locator("#choose-version").input_value() == "2"
+    assert "needs approval" in page.locator("#needs-approval").inner_text()
+    assert "No breaking change" in page.locator("#compatible").inner_text()
+    page.fill("#id_reason", "better recall on the eval set")
+    shoot(page, "promote-request")
+    page.get_by_role("button", name="Request promotion").click()
+    promotion = PromotionRequest.objects.get(state="pending")
+    page.wait_for_url(f"{server.url}/ui/promotions/{promotion.pk}")
+    assert f"Promotion request {promotion.pk} opened" in page.get_by_role("status").first.inner_text()
+    assert page.locator("#why-not").inner_text() == (
+        "You requested this promotion; another approver must approve it. You can cancel it."
+    )
+    assert page.get_by_role("button", name="Approve").count() == 0
+
+    # 3. The approver, in a second context, reviews the diff and approves after confirming.
+    review = login(browser, server.url, "ana")
+    review.goto(f"{server.url}/ui/promotions")
+    review.locator(f"#pending tr[data-promotion='{promotion.pk}']").get_by_role("link", name="Review").click()
+    review.wait_for_url(f"{server.url}/ui/promotions/{promotion.pk}")
+    assert "better recall on the eval set" in review.locator("#request-summary").inner_text()
+    assert review.locator("#signature-diff tbody tr").count() == 2  # x and y, unchanged
+    assert review.locator(".version-card").count() == 2
+    shoot(review, "promotion-review")
+    review.fill("#id_reason", "eval numbers checked")
+    review.get_by_role("button", name="Approve").click()
+    message = review.locator("dialog#confirm [data-message]")
+    assert "from v1 to v2" in message.inner_text() and "switch to it at once" in message.inner_text()
+    shoot(review, "promotion-confirm")
+    promotion.refresh_from_db()
+    assert promotion.state == "pending"  # nothing happens before the confirmation
+    confirm(review)
+    expect(review.get_by_role("status")).to_have_text(f"Promotion request {promotion.pk} approved.")
+    assert review.url == f"{server.url}/ui/promotions"
+    promotion.refresh_from_db()
+    assert (promotion.state, promotion.decided_by.username, promotion.decision_reason) == (
+        "approved",
+        "ana",
+        "eval numbers checked",
+    )
+
+    # The fleet page shows v2 loaded under production, and /v2 answers with it (bias 2).
+    def fleet_serves_v2() -> bool:
+        review.goto(f"{server.url}/ui/fleet")
+        row = review.locator("tbody[data-version='demo/2']")
+        return row.count() == 1 and "production" in row.inner_text() and "ready" in row.inner_text()
+
+    eventually(fleet_serves_v2, timeout=60, interval=0.5, what="v2 never shown loaded on the fleet page")
+    answer = eventually(lambda: (r := infer(server, inference_token)).status_code == 200 and r, timeout=30)
+    assert answer.json()["model_version"] == "2"
+    assert answer.json()["outputs"][0]["data"] == [value + 2.0 for value in X[0]]
+    # The request shows up in the version's traffic after the next heartbeat.
+    for _ in range(4):
+        infer(server, inference_token)
+
+    def traffic_counted() -> bool:
+        review.goto(f"{server.url}/ui/fleet")
+        version = review.locator("tbody[data-version='demo/2']")
+        return version.locator("[data-series='requests/s'] [data-peak]").inner_text() != "peak 0" and (
+            version.locator("[data-series='p50'] [data-latest]").inner_text().endswith(" ms")
+        )
+
+    eventually(traffic_counted, timeout=30, interval=0.5, what="no traffic drawn for v2")
+    shoot(review, "fleet")
+    assert csp_violations(page) == [] and csp_violations(review) == []
+
+
+# --- 4. A breaking version needs force and a reason; the approver sees it marked --------------------------
+
+
+def test_4_breaking_version_needs_force_and_a_reason_and_the_approver_sees_it(server, browser):
+    mia = person("mia", Role.MAINTAINER)
+    boss = person("boss", Role.APPROVER)
+    person("ana", Role.APPROVER)
+    services.model_create(name="demo", actor=mia)
+    upload("demo", mia)
+    upload("demo", mia, width=5)
+    promote("demo", 1, mia, boss)
+
+    page = login(browser, server.url, "mia")
+    page.goto(f"{server.url}/ui/models/demo/promote?alias=production&version=2")
+    breaking = page.locator("#breaking")
+    assert "input 'x': dimension 1 changed from 4 to 5" in breaking.inner_text()
+    assert page.locator("#signature-diff tr.breaking").count() == 2  # x and y
+    assert page.locator("#id_reason").get_attribute("required") is not None
+    shoot(page, "promote-breaking")
+    # Without force the registry refuses, and says why.
+    page.fill("#id_reason", "new feature column")
+    page.get_by_role("button", name="Request promotion").click()
+    alert = page.locator(".flash.error[role=alert]").first
+    expect(alert).to_contain_text("not compatible")
+    assert "not compatible with version 1" in alert.inner_text()
+    assert "Send force=true with a reason" in alert.inner_text()
+    assert not PromotionRequest.objects.filter(state="pending").exists()
+    # With force and the reason it is requested.
+    page.check("input[name=force]")
+    page.fill("#id_reason", "new feature column; clients updated")
+    page.get_by_role("button", name="Request promotion").click()
+    promotion = eventually(lambda: PromotionRequest.objects.filter(state="pending").first())
+    assert (promotion.force, promotion.reason) == (True, "new feature column; clients updated")
+
+    review = login(browser, server.url, "ana")
+    review.goto(f"{server.url}/ui/promotions/{promotion.pk}")
+    assert "forced past breaking changes" in review.locator("#request-summary").inner_text()
+    assert "input 'x': dimension 1 changed from 4 to 5" in review.locator("#breaking").inner_text()
+    assert review.locator("#signature-diff tr.breaking .badge").first.inner_text() == "breaking"
+    review.get_by_role("button", name="Approve").click()
+    assert "It breaks clients" in review.locator("dialog#confirm [data-message]").inner_text()
+    shoot(review, "promotion-review-breaking")
+    review.locator("dialog#confirm button[value=no]").click()
+    promotion.refresh_from_db()
+    assert promotion.state == "pending"  # cancelled in the dialog: nothing was sent
+
+
+# --- 5. Rollback, what served at, compare, tokens and a role grant; all audited and verified ----------------
+
+
+def test_5_rollback_served_at_compare_tokens_and_roles_are_audited(server, browser):
+    mia = person("mia", Role.MAINTAINER)
+    boss = person("boss", Role.APPROVER)
+    person("ada", Role.ADMIN)
+    person("vic", Role.VIEWER)
+    services.model_create(name="demo", actor=mia)
+    upload("demo", mia, bias=1.0)
+    upload("demo", mia, bias=2.0)
+    promote("demo", 1, mia, boss)
+    promote("demo", 2, mia, boss)
+    # The first move an hour back, so that "what served at" has a time between the two.
+    first, second = AliasMove.objects.order_by("id")
+    AliasMove.objects.filter(pk=first.pk).update(moved_at=second.moved_at - timedelta(hours=1))
+    between = second.moved_at - timedelta(minutes=30)
+    zone = "Asia/Kolkata"  # the browser's own, not the server's (UTC)
+    page = login(browser, server.url, "ada", timezone_id=zone)
+
+    # What served at a time, entered in the viewer's local time.
+    page.goto(f"{server.url}/ui/models/demo")
+    local = between.astimezone(ZoneInfo(zone)).strftime("%Y-%m-%dT%H:%M:%S")
+    page.fill("#at", local)
+    page.get_by_role("button", name="Show").click()
+    result = page.locator("#served-at-result")
+    assert re.search(r"production\s+v1", result.inner_text()), result.inner_text()
+    assert "IST" in result.locator("thead time").inner_text() or "GMT+5:30" in result.locator("thead time").inner_text()
+
+    # Rollback, after confirming.
+    page.locator("tr[data-alias=production] input[name=reason]").fill("v2 regressed")
+    page.locator("tr[data-alias=production]").get_by_role("button", name="Roll back").click()
+    confirm(page)
+    expect(page.get_by_role("status")).to_have_text("'production' rolled back to version 1.")
+    assert "v1" in page.locator("tr[data-alias=production]").inner_text()
+    shoot(page, "model")
+
+    # Compare.
+    page.get_by_role("link", name="Compare versions").click()
+    assert page.locator("#signature-diff tbody tr").count() == 2
+    assert "No breaking change" in page.locator("#compatible").inner_text()
+    shoot(page, "compare")
+
+    # Tokens: create, use, revoke, refused.
+    page.goto(f"{server.url}/ui/tokens")
+    page.fill("#id_name", "ci")
+    page.fill("#id_expires_days", "30")
+    page.get_by_role("button", name="Create token").click()
+    secret = page.locator("#token-secret").inner_text().strip()
+    shoot(page, "tokens")
+    api = f"{server.url}/api/v1/models/demo"
+    assert requests.get(api, headers={"Authorization": f"Bearer {secret}"}, timeout=30).status_code == 200
+    prefix = secret.split("_")[1]
+    page.goto(f"{server.url}/ui/tokens")
+    assert page.locator("#token-secret").count() == 0  # shown once
+    page.locator(f"tr[data-token='{prefix}']").get_by_role("button", name="Revoke").click()
+    confirm(page)
+    expect(page.get_by_role("status")).to_have_text(f"Token {prefix} revoked; it no longer authenticates.")
+    assert "revoked" in page.locator(f"tr[data-token='{prefix}']").inner_text()
+    refused = requests.get(api, headers={"Authorization": f"Bearer {secret}"}, timeout=30)
+    assert refused.status_code == 401 and refused.json()["error"] == "invalid or revoked API token"
+
+    # A role grant.
+    page.get_by_role("link", name="Users").click()
+    vic = page.locator("tr[data-user=vic]")
+    vic.locator("input[value=maintainer]").check()
+    vic.get_by_role("button", name="Save").click()
+    confirm(page)
+    expect(page.get_by_role("status")).to_have_text("User 'vic' saved.")
+    assert get_user_model().objects.get(username="vic").groups.filter(name="maintainer").exists()
+    shoot(page, "users")
+
+    # The audit page shows each step, and the chain verifies.
+    page.get_by_role("link", name="Audit").click()
+    page.get_by_role("button", name="Verify chain").click()
+    verified = page.locator("#verify-result")
+    assert "verified" in verified.inner_text() and "chain ok" in verified.inner_text()
+    last = AuditEvent.objects.order_by("-seq").values_list("seq", flat=True)[0]
+    assert f"verified up to #{last}" in verified.inner_text()
+    events = page.locator("#events tbody").inner_text()
+    for action in ("alias.rollback", "token.create", "token.revoke", "user.roles.grant", "auth.failed"):
+        assert action in events, action
+    shoot(page, "audit")
+    grant = AuditEvent.objects.filter(action="user.roles.grant", target="vic").latest("seq")
+    assert (grant.actor, grant.after) == ("ada", {"roles": ["maintainer"]})
+    assert csp_violations(page) == []
+
+
+# --- 6. At 375 px no page scrolls sideways; screenshots of every page at both widths ------------------------
+
+
+def test_6_no_page_scrolls_sideways_on_a_phone(server, browser):
+    mia = person("mia", Role.MAINTAINER, Role.APPROVER)
+    person("ada", Role.ADMIN)
+    boss = person("boss", Role.APPROVER)
+    services.model_create(
+        name="sentence-embeddings-multilingual-large",
+        description="A long description " * 12,
+        tags=["nlp", "embeddings", "multilingual"],
+        actor=mia,
+    )
+    name = "sentence-embeddings-multilingual-large"
+    upload(name, mia, bias=1.0)
+    upload(name, mia, width=5)
+    promote(name, 1, mia, boss)
+    promotions.alias_set(
+        model=RegisteredModel.objects.get(name=name),
+        alias_name=PRODUCTION,
+        version_number=2,
+        actor=mia,
+        reason="a reason long enough to wrap " * 5,
+        force=True,
+    )
+    pending = PromotionRequest.objects.get(state="pending")
+    services.token_create(username="ada", name="a-token-with-a-long-name-for-the-table", actor=mia)
+    pages = {
+        "models": "/ui/",
+        "model": f"/ui/models/{name}",
+        "version": f"/ui/models/{name}/versions/2",
+        "upload": f"/ui/models/{name}/upload",
+        "compare": f"/ui/models/{name}/compare?a=1&b=2",
+        "promote": f"/ui/models/{name}/promote?alias=production&version=2",
+        "promotions": "/ui/promotions",
+        "review": f"/ui/promotions/{pending.pk}",
+        "audit": "/ui/audit?verify=1",
+        "fleet": "/ui/fleet",
+        "tokens": "/ui/tokens",
+        "users": "/ui/users",
+        "password": "/accounts/password_change/",
+        "not-found": "/ui/models/nope",
+        "wrong-method": f"/ui/promotions/{pending.pk}/approve",
+    }
+    page = login(browser, server.url, "ada")
+    eventually(InferenceWorker.objects.exists, timeout=30, what="the server's runtime never reported")
+    wide: dict[str, int] = {}
+    for width, size in (("laptop", LAPTOP), ("phone", PHONE)):
+        page.set_viewport_size(size)
+        for label, path in pages.items():
+            page.goto(f"{server.url}{path}")
+            scroll = page.evaluate("document.documentElement.scrollWidth")
+            if width == "phone" and scroll > PHONE["width"]:
+                wide[label] = scroll
+            shoot(page, f"{width}-{label}")
+    assert wide == {}, f"pages wider than {PHONE['width']} px: {wide}"
+    anonymous = browser.new_context(viewport=PHONE)
+    login_page = anonymous.new_page()
+    login_page.goto(f"{server.url}/accounts/login/")
+    assert login_page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    shoot(login_page, "phone-login")
+    anonymous.close()
+    assert csp_violations(page) == []
+
+
+# --- 7. A viewer sees no write controls, and posting the forms anyway is refused and audited -----------------
+
+
+def test_7_viewer_sees_no_write_controls_and_direct_posts_are_refused_and_audited(server, browser):
+    mia = person("mia", Role.MAINTAINER)
+    boss = person("boss", Role.APPROVER)
+    person("vic", Role.VIEWER)
+    services.model_create(name="demo", actor=mia)
+    upload("demo", mia, bias=1.0)
+    upload("demo", mia, bias=2.0)
+    promote("demo", 1, mia, boss)
+    promotion = promotions.alias_set(
+        model=RegisteredModel.objects.get(name="demo"), alias_name=PRODUCTION, version_number=2, actor=mia
+    ).promotion
+    assert promotion is not None
+
+    page = login(browser, server.url, "vic")
+    nav = page.locator("header nav").inner_text()
+    assert "Audit" not in nav and "Users" not in nav
+    page.goto(f"{server.url}/ui/models/demo")
+    for control in ("Upload a version", "Request promotion"):
+        assert page.get_by_role("link", name=control).count() == 0
+    assert page.get_by_role("button", name="Roll back").count() == 0
+    assert page.locator("form[action='/ui/models/demo']").count() == 0  # no edit form
+    page.goto(f"{server.url}/ui/")
+    assert page.locator("#new-model").count() == 0
+    page.goto(f"{server.url}/ui/models/demo/upload")
+    assert page.locator("#upload-form").count() == 0
+    page.goto(f"{server.url}/ui/models/demo/promote?version=2")
+    assert page.locator("form#request").count() == 0
+    page.goto(f"{server.url}/ui/promotions/{promotion.pk}")
+    assert page.get_by_role("button", name="Approve").count() == 0
+    assert page.locator("#why-not").inner_text() == "Approving and rejecting need the approver role."
+    shoot(page, "viewer-review")
+
+    token = csrf_token(page)
+    forms: list[tuple[str, dict[str, Any]]] = [
+        ("/ui/", {"name": "sneaky"}),
+        ("/ui/models/demo", {"description": "defaced"}),
+        ("/ui/models/demo/aliases/production/rollback", {"reason": "x"}),
+        ("/ui/models/demo/promote", {"alias": "production", "version": "2", "reason": "x"}),
+        (f"/ui/promotions/{promotion.pk}/approve", {"reason": "x"}),
+        (f"/ui/promotions/{promotion.pk}/reject", {"reason": "x"}),
+        ("/ui/users", {"username": "mallory", "roles": "admin"}),
+        ("/ui/users/vic", {"roles": "admin", "is_active": "on"}),
+        ("/ui/users/mia/password-link", {}),
+    ]
+    before = AuditEvent.objects.filter(action="access.denied").count()
+    headers = {"Referer": f"{server.url}/ui/", "X-CSRFToken": token}
+    for path, data in forms:
+        response = page.request.post(
+            f"{server.url}{path}", form={**data, "csrfmiddlewaretoken": token}, headers=headers
+        )
+        assert response.status == 403, (path, response.status, response.text()[:300])
+        assert "text/html" in response.headers["content-type"], path
+    refused = page.request.post(
+        f"{server.url}/ui/models/demo/upload",
+        multipart={"file": {"name": "model.onnx", "mimeType": "application/octet-stream", "buffer": add_model_bytes()}},
+        headers=headers,
+    )
+    assert refused.status == 403
+    assert json.loads(refused.text()) == {"error": "uploading a version needs the maintainer role", "detail": None}
+    denied = AuditEvent.objects.filter(action="access.denied").order_by("seq")[before:]
+    assert [(e.actor, e.after["path"]) for e in denied] == [("vic", path) for path, _ in forms] + [
+        ("vic", "/ui/models/demo/upload")
+    ]
+    # Nothing changed.
+    assert not RegisteredModel.objects.filter(name="sneaky").exists()
+    assert RegisteredModel.objects.get(name="demo").description == ""
+    assert ModelVersion.objects.filter(model__name="demo").count() == 2
+    promotion.refresh_from_db()
+    assert promotion.state == "pending"
+    assert not get_user_model().objects.filter(username="mallory").exists()
+    assert not get_user_model().objects.get(username="vic").groups.filter(name="admin").exists()
+    assert csp_violations(page) == []
+
+
+def test_error_pages_are_html_in_the_ui_and_json_in_the_api(server, browser):
+    person("vic", Role.VIEWER)
+    page = login(browser, server.url, "vic")
+    response = page.goto(f"{server.url}/ui/models/nope")
+    assert response.status == 404 and "There is nothing at /ui/models/nope" in page.locator("[role=alert]").inner_text()
+    response = page.goto(f"{server.url}/ui/audit")
+    assert response.status == 403 and "needs the auditor or admin role" in page.locator("[role=alert]").inner_text()
+    assert page.locator("header nav").get_by_role("link", name="Models").count() == 1
+    response = page.goto(f"{server.url}/accounts/logout/")
+    assert response.status == 405 and "use the form on its page" in page.locator("[role=alert]").inner_text()
+    assert response.headers["allow"] == "POST, OPTIONS"
+    api = page.request.get(f"{server.url}/api/v1/models/nope")
+    assert api.status == 404 and api.json()["error"]
+    headers = page.goto(f"{server.url}/ui/").headers
+    policy = headers["content-security-policy"]
+    assert "script-src 'self'" in policy and "style-src 'self'" in policy and "unsafe-inline" not in policy

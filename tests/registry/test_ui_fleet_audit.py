@@ -1,0 +1,146 @@
+"""The fleet page's traffic charts and the audit page's time range, pages, exports and verification."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from registry import serving
+from registry.models import AuditEvent, InferenceWorker, Role
+from registry.serving import LoadedRow, LoadState, TrafficBucket, WorkerReport
+from registry.ui_charts import sparkline, traffic_charts
+from tests.support.audit_factory import append_bulk_events
+from tests.support.people import login_person
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_sparkline_scales_into_its_box_and_breaks_at_missing_values():
+    line = sparkline("p50", [1.0, 2.0, None, 4.0, None], " ms")
+    assert line.segments == ("2.0,20.0 31.0,14.0", "86.0,2.0 89.0,2.0")  # the lone point is a short dash
+    assert (line.latest, line.peak) == ("4 ms", "4 ms")  # the newest interval has only begun
+    idle = sparkline("requests/s", [None, None], idle=0.0)
+    assert (idle.segments, idle.latest, idle.peak) == (("2.0,26.0 118.0,26.0",), "0", "0")
+    assert sparkline("p99", [None, None], " ms").segments == ()
+
+
+def test_traffic_lies_on_the_five_minutes_before_the_heartbeat():
+    heartbeat = datetime(2026, 1, 1, 12, 0, 5, tzinfo=UTC)
+    end = heartbeat.timestamp() // 10 * 10
+    buckets = (
+        TrafficBucket(start=end - 600, seconds=10, requests=99, errors=0, p50_ms=1.0, p99_ms=1.0),  # too old
+        TrafficBucket(start=end - 20, seconds=10, requests=50, errors=5, p50_ms=2.0, p99_ms=8.0),
+        TrafficBucket(start=end, seconds=5, requests=10, errors=0, p50_ms=3.0, p99_ms=4.0),
+    )
+    rate, p50, p99, errors = traffic_charts(buckets, until=heartbeat)
+    assert (rate.label, rate.latest, rate.peak) == ("requests/s", "2", "5")
+    assert (p50.latest, p99.latest, p99.peak) == ("3 ms", "4 ms", "8 ms")
+    assert (errors.latest, errors.peak) == ("0", "5")
+    assert len(p50.segments) == 2  # the interval between them had no requests
+
+
+def report(worker_id: str, *rows: LoadedRow) -> WorkerReport:
+    return WorkerReport(
+        worker_id=worker_id, host="h", pid=1, device="cpu", provider="CPU", started_at=timezone.now(), loaded=rows
+    )
+
+
+def test_fleet_page_draws_each_versions_traffic():
+    now = timezone.now().timestamp() // 10 * 10
+    traffic = (TrafficBucket(start=now - 10, seconds=10, requests=120, errors=3, p50_ms=4.2, p99_ms=19.0),)
+    serving.worker_heartbeat(
+        report(
+            "w1",
+            LoadedRow(model="demo", version=2, state=LoadState.READY, aliases=("production",), traffic=traffic),
+            LoadedRow(model="demo", version=3, state=LoadState.FAILED, error="HashMismatch: x", attempts=2),
+        )
+    )
+    response = login_person("vic", Role.VIEWER).client.get("/ui/fleet")
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "demo v2 (production)" in html
+    assert 'aria-label="requests/s: now 12, peak 12"' in html
+    assert 'aria-label="p99: now 19 ms, peak 19 ms"' in html
+    assert 'aria-label="errors: now 3, peak 3"' in html
+    assert "HashMismatch: x" in html and "2 failed attempts" in html
+    assert html.count('class="traffic"') == 1  # a failed version has no traffic to draw
+    assert 'data-refresh="10"' in html
+
+
+def test_fleet_page_with_no_worker_says_how_to_start_one():
+    response = login_person("vic", Role.VIEWER).client.get("/ui/fleet")
+    assert b"No inference process has reported. Start one with" in response.content
+    assert not InferenceWorker.objects.exists()
+
+
+@pytest.fixture
+def auditor():
+    return login_person("aud", Role.AUDITOR)
+
+
+def at(event: AuditEvent, when: datetime) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE registry_auditevent DISABLE TRIGGER USER")
+        AuditEvent.objects.filter(pk=event.pk).update(at=when)
+        cursor.execute("ALTER TABLE registry_auditevent ENABLE TRIGGER USER")
+
+
+def test_audit_time_range_is_read_in_the_viewers_zone(auditor):
+    events = list(AuditEvent.objects.order_by("seq"))
+    assert len(events) >= 3
+    noon = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+    for offset, event in enumerate(events):
+        at(event, noon + timedelta(hours=offset))
+    # 17:30 to 18:30 in Kolkata (UTC+5:30) is 12:00 to 13:00 UTC: the first event only.
+    response = auditor.client.get(
+        "/ui/audit", {"since": "2026-03-01T17:30", "until": "2026-03-01T18:30", "tz": "Asia/Kolkata"}
+    )
+    assert response.status_code == 200
+    assert [e.seq for e in response.context["events"]] == [events[0].seq]
+    export = response.context["export"]
+    assert export == {"since": "2026-03-01T17:30:00+05:30", "until": "2026-03-01T18:30:00+05:30"}
+    assert b"/api/v1/audit/export?format=csv&amp;since=2026-03-01T17%3A30%3A00%2B05%3A30" in response.content
+
+
+def test_audit_filters_page_back_through_older_events(auditor):
+    append_bulk_events(450)
+    first = auditor.client.get("/ui/audit")
+    seqs = [e.seq for e in first.context["events"]]
+    assert len(seqs) == 200 and seqs == sorted(seqs, reverse=True)
+    older = first.context["older"]
+    assert older == seqs[-1]
+    second = auditor.client.get("/ui/audit", {"before": older})
+    assert second.context["events"][0].seq == older - 1
+    assert second.context["newest"] is True
+    assert b"Newest" in second.content
+
+
+@pytest.mark.parametrize(
+    ("query", "error"),
+    [
+        ({"since": "soon"}, "'soon' is not a date and time such as 2026-01-31T14:30"),
+        ({"before": "x"}, "'before' must be a whole number, got 'x'"),
+    ],
+)
+def test_bad_audit_filters_are_400(auditor, query, error):
+    response = auditor.client.get("/ui/audit", query)
+    assert (response.status_code, response.context["error"]) == (400, error)
+
+
+def test_audit_page_shows_before_and_after_and_names_the_first_bad_event(auditor):
+    login_person("mia", Role.MAINTAINER).post("/api/v1/models", {"name": "demo", "description": "d"})
+    page = auditor.client.get("/ui/audit", {"verify": "1", "action": "model.create"})
+    last = AuditEvent.objects.order_by("-seq").first()
+    assert f"verified up to #{last.seq}".encode() in page.content
+    assert b"&#x27;description&#x27;: &#x27;d&#x27;" in page.content  # the event's after
+    victim = AuditEvent.objects.get(action="model.create")
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE registry_auditevent DISABLE TRIGGER USER")
+        AuditEvent.objects.filter(pk=victim.pk).update(target="other")
+        cursor.execute("ALTER TABLE registry_auditevent ENABLE TRIGGER USER")
+    broken = auditor.client.get("/ui/audit", {"verify": "1"})
+    assert f"first bad event #{victim.seq}".encode() in broken.content
+    assert b"chain broken" in broken.content
