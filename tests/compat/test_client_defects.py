@@ -223,14 +223,13 @@ BAD_INPUT = (
     ],
     ids=["illegal-address", "ep-fail", "cuda-oom", "arena-full", "bad-input"],
 )
-def test_a_device_failure_is_a_5xx_and_a_failure_in_the_statistics(
+def test_a_device_failure_is_the_servers_fault_and_not_the_requests(
     v2: V2Server, monkeypatch, error, status, message, retry
 ):
     def fails(feeds: Any, output_names: Any = None) -> Any:
         raise error
 
     monkeypatch.setattr(v2.loaded("scores"), "run", fails)
-    before = v2.loaded("scores").stats.as_json("scores", "1")["inference_stats"]
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 5], "data": [1, 2, 3, 4, 5]}]}
 
     response = v2.request("POST", "/v2/models/scores/infer", json.dumps(body).encode())
@@ -241,6 +240,23 @@ def test_a_device_failure_is_a_5xx_and_a_failure_in_the_statistics(
     else:
         assert response.json()["error"].startswith(f"{OUT_OF_MEMORY} (ONNX Runtime: Non-zero status code")
     assert response.headers.get("retry-after") == retry
-    after = v2.loaded("scores").stats.as_json("scores", "1")["inference_stats"]
-    assert after["fail"]["count"] == before["fail"]["count"] + 1
+
+
+def test_failed_runs_are_counted_as_failures_in_the_statistics(v2: V2Server, monkeypatch):
+    def fails(feeds: Any, output_names: Any = None) -> Any:
+        raise RuntimeException(ILLEGAL_ACCESS)
+
+    def stats() -> dict[str, Any]:
+        response = v2.request("GET", "/v2/models/scores/stats")
+        assert response.status == 200, response.body
+        [one] = response.json()["model_stats"]
+        return one["inference_stats"]
+
+    before = stats()
+    monkeypatch.setattr(v2.loaded("scores"), "run", fails)
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 5], "data": [1, 2, 3, 4, 5]}]})
+    assert [v2.request("POST", "/v2/models/scores/infer", body.encode()).status for _ in range(3)] == [500] * 3
+    after = stats()
+    assert after["fail"]["count"] == before["fail"]["count"] + 3
+    assert after["fail"]["ns"] > before["fail"]["ns"]
     assert after["success"]["count"] == before["success"]["count"]
