@@ -231,8 +231,9 @@ class DataPlane:
         elif ref is not None:
             chosen = [self.resolve(model, ref)]
         else:
-            self.resolve(model)  # an unknown model is a ModelNotFound, one not loaded yet a ModelNotReady
             chosen = [v for v in self.runtime.loaded.values() if v.spec.model == model]
+            if not chosen:
+                self.resolve(model)  # says why: an unknown model (404), or one not loaded yet (503)
         chosen.sort(key=lambda v: (v.spec.model, v.spec.version))
         return {"model_stats": [v.stats.as_json(v.spec.model, v.version_label) for v in chosen]}
 
