@@ -696,13 +696,21 @@ def main() -> int:
         print("Modelyard (modelyard serve --role inference):", flush=True)
         process, port, grpc_port, _ = start_modelyard(work, args.database_url, model_settings)
         try:
-            servers["modelyard"] = measure_server(
-                "binary tensors", port, binary, header_length, raw["reference"], load, clients, process.pid
-            )
-            if not args.skip_grpc:  # the same process, right after HTTP: one run, one machine state
-                servers["modelyard-grpc"] = measure_grpc(
-                    grpc_port, message, raw["reference"], grpc_load, clients, process.pid
+            if args.skip_grpc:
+                servers["modelyard"] = measure_server(
+                    "binary tensors", port, binary, header_length, raw["reference"], load, clients, process.pid
                 )
+            else:
+                # The same process, HTTP and gRPC in turn at each concurrency, so that a change in the
+                # machine's load during the run falls on both alike.
+                servers["modelyard"], servers["modelyard-grpc"] = {}, {}
+                for count in clients:
+                    servers["modelyard"] |= measure_server(
+                        "binary tensors", port, binary, header_length, raw["reference"], load, [count], process.pid
+                    )
+                    servers["modelyard-grpc"] |= measure_grpc(
+                        grpc_port, message, raw["reference"], grpc_load, [count], process.pid
+                    )
             if not args.skip_json:
                 servers["modelyard-json"] = measure_server(
                     "JSON tensors", port, as_json, None, raw["reference"], load, clients, process.pid
