@@ -51,7 +51,8 @@ ENV PATH=/opt/modelyard/bin:$PATH \
     MODELYARD_DATA_DIR=/var/lib/modelyard
 WORKDIR /var/lib/modelyard
 USER 10001:10001
-EXPOSE 8000
+# HTTP (API, UI, /v2) and gRPC (inference.GRPCInferenceService, `serve --grpc-port`)
+EXPOSE 8000 8001
 ENTRYPOINT ["modelyard"]
 # The embedded default: SQLite and artifacts in the data folder. Production passes a role, e.g.
 # `serve --host 0.0.0.0 --role web`, `worker`, `beat` or `manage migrate`.

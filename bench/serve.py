@@ -8,18 +8,24 @@ What it measures, all on 127.0.0.1:
    batch-32 (seq/s, the ceiling of one session);
 2. Modelyard: a real ``modelyard serve --role inference`` process on SQLite (or ``--database-url``),
    with the model registered, validated and promoted to ``production`` through the services, and
-   requests with binary tensors (and, for comparison, JSON tensors);
+   requests with binary tensors (and, for comparison, JSON tensors), then the same requests over gRPC
+   (``ModelInfer`` with ``raw_input_contents``, as tritonclient.grpc sends them) to the same process;
 3. the naive server (``bench/naive_server.py``: FastAPI, sync endpoint, one ORT run per request)
    with JSON tensors.
 
 Load comes from a separate process: ``wrk`` with a Lua script that posts a prepared body (install
-it with ``apt-get install -y wrk``); without wrk, a multi-process Python load generator. Every
-server gets a short warm-up first, and its answer is checked against ONNX Runtime before load.
+it with ``apt-get install -y wrk``); without wrk, a multi-process Python load generator. gRPC load
+comes from ``h2load`` posting the prepared gRPC message on HTTP/2 (``apt-get install -y
+nghttp2-client``), one connection per client, each with one call at a time; since h2load sees only
+HTTP statuses, the server's own statistics (``ModelStatistics``) count the calls that succeeded.
+Without h2load, Python processes run grpc.aio clients. Every server gets a short warm-up first, and
+its answer is checked against ONNX Runtime before load.
 The inference endpoint is public (``MODELYARD_INFERENCE_PUBLIC=1``) so that no side pays for a
 token the other does not check.
 
 It prints a table and writes bench/results/serve.json. Targets (2-core CPU machine): at 64
-clients, at least 70% of raw ORT batch-32 and 1.5x the naive server, with zero errors.
+clients, at least 70% of raw ORT batch-32 and 1.5x the naive server, with zero errors; gRPC at least
+as many requests per second as HTTP with binary tensors, with zero errors.
 """
 
 from __future__ import annotations
@@ -243,20 +249,17 @@ def register(settings_json: str) -> None:
     promotions.promotion_approve(promotion_id=outcome.promotion.pk, actor=approver)
 
 
-def start_modelyard(work: Path, database_url: str | None, model_settings: dict[str, Any]) -> tuple[Any, int, Path]:
+def start_modelyard(work: Path, database_url: str | None, model_settings: dict[str, Any]) -> tuple[Any, int, int, Path]:
     env = modelyard_env(work / "data", database_url)
     subprocess.run([sys.executable, __file__, "--register", json.dumps(model_settings)], env=env, check=True, cwd=ROOT)
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     log = work / "modelyard.log"
+    argv = [str(BIN / "modelyard"), "serve", "--role", "inference", "--port", str(port), "--log-level", "warning"]
     process = subprocess.Popen(
-        [str(BIN / "modelyard"), "serve", "--role", "inference", "--port", str(port), "--log-level", "warning"],
-        env=env,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        cwd=work,
+        [*argv, "--grpc-port", str(grpc_port)], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=work
     )
     wait_ready(port, f"/v2/models/{MODEL_NAME}/ready", process, log)
-    return process, port, log
+    return process, port, grpc_port, log
 
 
 def start_naive(work: Path) -> tuple[Any, int, Path]:
@@ -397,6 +400,175 @@ class Load:
         return python_load(port, path, body, headers, clients, duration)
 
 
+# --- gRPC load --------------------------------------------------------------------------------------------
+
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def grpc_message(one: dict[str, np.ndarray]) -> bytes:
+    """A serialized ModelInferRequest with raw_input_contents, as tritonclient.grpc sends it."""
+    from inference.grpc import grpc_service_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name=MODEL_NAME)
+    for name, array in one.items():
+        request.inputs.add(name=name, datatype="INT64", shape=list(array.shape))
+        request.raw_input_contents.append(array.astype("<i8").tobytes())
+    return request.SerializeToString()
+
+
+def grpc_call(port: int, message: bytes) -> np.ndarray:
+    """One ModelInfer call; the embedding it answers."""
+    import grpc
+
+    from inference.grpc import grpc_service_pb2 as pb
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(GRPC_INFER)  # no serializers: bytes in, bytes out
+        response = pb.ModelInferResponse.FromString(call(message, timeout=60))
+    (output,) = response.outputs
+    return np.frombuffer(response.raw_output_contents[0], dtype="<f4").reshape(list(output.shape))
+
+
+def grpc_successes(port: int) -> int:
+    """The requests the model answered so far, by the server's own count (the statistics extension)."""
+    import grpc
+
+    from inference.grpc import grpc_service_pb2 as pb
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelStatistics")
+        raw = call(pb.ModelStatisticsRequest(name=MODEL_NAME).SerializeToString(), timeout=30)
+    return sum(s.inference_stats.success.count for s in pb.ModelStatisticsResponse.FromString(raw).model_stats)
+
+
+def h2load_grpc(port: int, message: bytes, clients: int, duration: float, work: Path) -> dict[str, Any]:
+    """h2load posting one gRPC message (5-byte frame header + the message) from ``clients`` connections."""
+    body = work / "grpc-body.bin"
+    body.write_bytes(b"\x00" + len(message).to_bytes(4, "big") + message)
+    log = work / f"h2load-{clients}.tsv"
+    log.unlink(missing_ok=True)
+    before = grpc_successes(port)
+    command = ["h2load", "-c", str(clients), "-m", "1", "-t", "1", "-D", str(max(1, round(duration)))]
+    command += ["--log-file", str(log), "-d", str(body), "-H", "content-type: application/grpc", "-H", "te: trailers"]
+    done = subprocess.run([*command, f"http://127.0.0.1:{port}{GRPC_INFER}"], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"h2load failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+    succeeded = grpc_successes(port) - before
+    rows = [line.split("\t") for line in log.read_text().splitlines() if line.strip()]
+    latencies = [int(row[2]) / 1e6 for row in rows]
+    finished = [row for row in rows if row[1] == "200"]
+    # h2load reads only HTTP statuses; a gRPC error is a 200 with a status in its trailers. The model's
+    # own count of answered requests tells them apart (no other client talks to this server now).
+    errors = len(rows) - len(finished) + max(0, len(finished) - succeeded)
+    return {
+        "req_per_s": len(rows) / duration,
+        "p50_ms": percentile_ms(latencies, 50),
+        "p90_ms": percentile_ms(latencies, 90),
+        "p99_ms": percentile_ms(latencies, 99),
+        "requests": len(rows),
+        "errors": errors,
+        "server_counted": succeeded,
+    }
+
+
+def _grpc_worker(args: tuple[int, bytes, int, float], out: Any) -> None:
+    port, message, connections, duration = args
+    import asyncio
+
+    import grpc
+
+    async def main() -> tuple[list[float], int]:
+        latencies: list[float] = []
+        errors = 0
+        end = time.monotonic() + duration
+
+        async def one() -> None:
+            nonlocal errors
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                call = channel.unary_unary(GRPC_INFER)
+                while time.monotonic() < end:
+                    start = time.perf_counter()
+                    try:
+                        await call(message, timeout=30)
+                    except grpc.aio.AioRpcError:
+                        errors += 1
+                    latencies.append(time.perf_counter() - start)
+
+        await asyncio.gather(*(one() for _ in range(connections)))
+        return latencies, errors
+
+    out.put(asyncio.run(main()))
+
+
+def python_grpc_load(port: int, message: bytes, clients: int, duration: float) -> dict[str, Any]:
+    """The fallback without h2load: processes of grpc.aio clients, one channel per client."""
+    processes = min(clients, 4)
+    out: Any = multiprocessing.Queue()
+    workers = []
+    for index in range(processes):
+        share = clients // processes + (1 if index < clients % processes else 0)
+        worker = multiprocessing.Process(target=_grpc_worker, args=((port, message, share, duration), out))
+        worker.start()
+        workers.append(worker)
+    latencies: list[float] = []
+    errors = 0
+    for _ in workers:
+        got, failed = out.get()
+        latencies += got
+        errors += failed
+    for worker in workers:
+        worker.join()
+    return {
+        "req_per_s": len(latencies) / duration,
+        "p50_ms": percentile_ms(latencies, 50),
+        "p90_ms": percentile_ms(latencies, 90),
+        "p99_ms": percentile_ms(latencies, 99),
+        "requests": len(latencies),
+        "errors": errors,
+    }
+
+
+class GrpcLoad:
+    """Calls ModelInfer with one prepared message from a separate process, at several concurrencies."""
+
+    def __init__(self, work: Path, duration: float, warmup: float) -> None:
+        self.work = work
+        self.duration = duration
+        self.warmup = warmup
+        self.h2load = shutil.which("h2load")
+
+    @property
+    def generator(self) -> str:
+        return "h2load" if self.h2load else "python grpc.aio (multi-process)"
+
+    def run(self, port: int, message: bytes, clients: int, *, warm: bool) -> dict[str, Any]:
+        duration = self.warmup if warm else self.duration
+        if self.h2load:
+            return h2load_grpc(port, message, clients, duration, self.work)
+        return python_grpc_load(port, message, clients, duration)
+
+
+def measure_grpc(
+    port: int, message: bytes, reference: np.ndarray, load: GrpcLoad, clients: list[int], pid: int
+) -> dict[int, dict[str, Any]]:
+    got = grpc_call(port, message)
+    np.testing.assert_allclose(got, reference, rtol=1e-4, atol=1e-5, err_msg="gRPC computes something else")
+    load.run(port, message, max(clients), warm=True)
+    results = {}
+    for count in clients:
+        before, children = thread_cpu(pid), resource.getrusage(resource.RUSAGE_CHILDREN)
+        results[count] = r = load.run(port, message, count, warm=False)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        load_cpu = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
+        r["cpu"] = where_the_time_goes(pid, before, load_cpu, load.duration, r["requests"])
+        print(
+            f"  {'gRPC':<16} {count:>3} clients: {r['req_per_s']:8.1f} req/s  p50 {r['p50_ms']:7.2f} ms"
+            f"  p99 {r['p99_ms']:7.2f} ms  errors {r['errors']}",
+            flush=True,
+        )
+    return results
+
+
 # --- the run -------------------------------------------------------------------------------------------
 
 
@@ -475,6 +647,8 @@ def main() -> int:
     parser.add_argument("--max-batch-size", type=int, default=None, help="the model's max_batch_size")
     parser.add_argument("--max-queue-delay-us", type=int, default=None, help="the model's max_queue_delay_us")
     parser.add_argument("--skip-json", action="store_true", help="measure Modelyard with binary tensors only")
+    parser.add_argument("--skip-naive", action="store_true", help="leave out the naive FastAPI baseline")
+    parser.add_argument("--skip-grpc", action="store_true", help="measure Modelyard over HTTP only")
     parser.add_argument("--register", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.register is not None:
@@ -482,10 +656,14 @@ def main() -> int:
         return 0
     if not MODEL_PATH.exists():
         sys.exit(f"{MODEL_PATH} is missing")
-    try:
-        import fastapi  # noqa: F401
-    except ImportError:
-        sys.exit("the naive baseline needs FastAPI (not a Modelyard dependency): .venv/bin/pip install fastapi")
+    if not args.skip_naive:
+        try:
+            import fastapi  # noqa: F401
+        except ImportError:
+            sys.exit(
+                "the naive baseline needs FastAPI (not a Modelyard dependency): .venv/bin/pip install fastapi, "
+                "or --skip-naive"
+            )
     clients = [int(c) for c in args.clients.split(",")]
     model_settings = {
         k: v
@@ -496,10 +674,13 @@ def main() -> int:
     one = feeds(1)
     binary, header_length = binary_body(one)
     as_json = json_body(one)
+    message = grpc_message(one)
     with tempfile.TemporaryDirectory(prefix="modelyard-bench-") as tmp:
         work = Path(tmp)
         load = Load(work, args.duration, args.warmup)
-        print(f"MiniLM-L6, seq {SEQ}, batch-1 requests; load from {load.generator}; {os.cpu_count()} CPUs", flush=True)
+        grpc_load = GrpcLoad(work, args.duration, args.warmup)
+        generators = load.generator + ("" if args.skip_grpc else f" (HTTP), {grpc_load.generator} (gRPC)")
+        print(f"MiniLM-L6, seq {SEQ}, batch-1 requests; load from {generators}; {os.cpu_count()} CPUs", flush=True)
 
         print("raw ONNX Runtime, in-process:", flush=True)
         raw = raw_ort(args.duration)
@@ -513,25 +694,38 @@ def main() -> int:
 
         servers: dict[str, dict[int, dict[str, Any]]] = {}
         print("Modelyard (modelyard serve --role inference):", flush=True)
-        process, port, _ = start_modelyard(work, args.database_url, model_settings)
+        process, port, grpc_port, _ = start_modelyard(work, args.database_url, model_settings)
         try:
-            servers["modelyard"] = measure_server(
-                "binary tensors", port, binary, header_length, raw["reference"], load, clients, process.pid
-            )
+            if args.skip_grpc:
+                servers["modelyard"] = measure_server(
+                    "binary tensors", port, binary, header_length, raw["reference"], load, clients, process.pid
+                )
+            else:
+                # The same process, HTTP and gRPC in turn at each concurrency, so that a change in the
+                # machine's load during the run falls on both alike.
+                servers["modelyard"], servers["modelyard-grpc"] = {}, {}
+                for count in clients:
+                    servers["modelyard"] |= measure_server(
+                        "binary tensors", port, binary, header_length, raw["reference"], load, [count], process.pid
+                    )
+                    servers["modelyard-grpc"] |= measure_grpc(
+                        grpc_port, message, raw["reference"], grpc_load, [count], process.pid
+                    )
             if not args.skip_json:
                 servers["modelyard-json"] = measure_server(
                     "JSON tensors", port, as_json, None, raw["reference"], load, clients, process.pid
                 )
         finally:
             stop_process(process, signal.SIGINT)
-        print("naive server (FastAPI, sync endpoint, no batching):", flush=True)
-        process, port, _ = start_naive(work)
-        try:
-            servers["naive"] = measure_server(
-                "JSON tensors", port, as_json, None, raw["reference"], load, clients, process.pid
-            )
-        finally:
-            stop_process(process, signal.SIGINT)
+        if not args.skip_naive:
+            print("naive server (FastAPI, sync endpoint, no batching):", flush=True)
+            process, port, _ = start_naive(work)
+            try:
+                servers["naive"] = measure_server(
+                    "JSON tensors", port, as_json, None, raw["reference"], load, clients, process.pid
+                )
+            finally:
+                stop_process(process, signal.SIGINT)
 
     report = summarise(raw, servers, clients)
     report["setup"] = {
@@ -539,6 +733,7 @@ def main() -> int:
         "seq": SEQ,
         "duration_s": args.duration,
         "load_generator": load.generator,
+        "grpc_load_generator": None if args.skip_grpc else grpc_load.generator,
         "cpus": os.cpu_count(),
         "cpu": platform.processor() or platform.machine(),
         "python": platform.python_version(),
@@ -565,6 +760,8 @@ def summarise(raw: dict[str, Any], servers: dict[str, dict[int, dict[str, Any]]]
             row["vs_raw_batch32"] = r["req_per_s"] / b32
             if name != "naive" and "naive" in servers:
                 row["vs_naive"] = r["req_per_s"] / servers["naive"][count]["req_per_s"]
+            if name == "modelyard-grpc":
+                row["vs_http_binary"] = r["req_per_s"] / servers["modelyard"][count]["req_per_s"]
             table[name][count] = row
     top = max(clients)
     ours = table["modelyard"][top]
@@ -575,7 +772,15 @@ def summarise(raw: dict[str, Any], servers: dict[str, dict[int, dict[str, Any]]]
         "vs_naive": ours.get("vs_naive"),
         "errors": sum(r["errors"] for runs in table.values() for r in runs.values()),
     }
-    targets["met"] = bool(ours["vs_raw_batch32"] >= 0.7 and (ours.get("vs_naive") or 0) >= 1.5 and ours["errors"] == 0)
+    met = ours["vs_raw_batch32"] >= 0.7 and ours["errors"] == 0
+    if "naive" in table:
+        met = met and (ours.get("vs_naive") or 0) >= 1.5
+    if "modelyard-grpc" in table:
+        grpc = table["modelyard-grpc"][top]
+        targets["grpc_vs_http_binary"] = grpc["vs_http_binary"]
+        targets["grpc_errors"] = grpc["errors"]
+        met = met and grpc["vs_http_binary"] >= 1.0 and grpc["errors"] == 0
+    targets["met"] = bool(met)
     report: dict[str, Any] = {
         "raw_ort": {"batch1": raw["batch1"], "batch32": raw["batch32"]},
         "servers": table,
@@ -632,6 +837,15 @@ def print_table(report: dict[str, Any], clients: list[int]) -> None:
         f"target at {t['clients']} clients: {t['vs_raw_batch32']:.0%} of raw batch-32 (>= 70%), {naive} the naive"
         f" server (>= 1.5x), {t['errors']} errors (0): {'MET' if t['met'] else 'MISSED'}"
     )
+    if "grpc_vs_http_binary" in t:
+        grpc = report["servers"]["modelyard-grpc"]
+        http = report["servers"]["modelyard"]
+        pairs = ", ".join(
+            f"{count} clients {grpc[count]['req_per_s']:.1f} vs {http[count]['req_per_s']:.1f} req/s "
+            f"({grpc[count]['vs_http_binary']:.2f}x)"
+            for count in clients
+        )
+        print(f"gRPC vs HTTP binary: {pairs}; target at {t['clients']}: >= 1.00x with 0 errors ({t['grpc_errors']})")
 
 
 if __name__ == "__main__":

@@ -128,7 +128,7 @@ class Server:
         self.port = free_port()
         self.log_path = work / f"{name}.log"
         argv = [sys.executable, "-m", "modelyard.cli", "serve", "--role", role, "--port", str(self.port)]
-        argv += ["--log-level", "warning", *args]
+        argv += ["--grpc-port", "0", "--log-level", "warning", *args]  # this benchmark measures HTTP
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 argv, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

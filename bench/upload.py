@@ -314,7 +314,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         server_log = work / "server.log"
         with server_log.open("wb") as log:
             server = subprocess.Popen(
-                [modelyard, "serve", "--port", str(port), "--log-level", "warning"],
+                [modelyard, "serve", "--port", str(port), "--grpc-port", "0", "--log-level", "warning"],
                 env=env,
                 cwd=ROOT,
                 stdout=log,

@@ -1,4 +1,7 @@
-"""The /v2 REST endpoints: the Open Inference Protocol (KServe v2) with Triton's binary tensor extension.
+"""The /v2 REST endpoints: the Open Inference Protocol (KServe v2) with Triton's extensions.
+
+Binary tensors (and the raw binary request), model configuration, statistics, classification and
+the model repository's index; ``inference/grpc/`` serves the same data plane over gRPC.
 
 A bare Starlette app over :class:`inference.dataplane.DataPlane`. Each endpoint decodes the HTTP
 request, calls the data plane and encodes its answer; every refusal is a domain error of
@@ -9,6 +12,7 @@ request, calls the data plane and encodes its answer; every refusal is a domain 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -27,6 +31,7 @@ from inference.errors import (
     BodyTimeout,
     BodyTooLarge,
     ClientGone,
+    DeviceFailed,
     InferenceError,
     InferenceFailed,
     InvalidInput,
@@ -35,6 +40,7 @@ from inference.errors import (
     OutOfMemory,
     Overloaded,
     RateLimited,
+    RepositoryReadOnly,
     RequestTimeout,
     Unauthorised,
     UnsupportedEncoding,
@@ -52,6 +58,7 @@ logger = logging.getLogger(__name__)
 STATUS: dict[type[InferenceError], tuple[int, bool]] = {
     InvalidInput: (400, False),
     InferenceFailed: (400, False),
+    RepositoryReadOnly: (400, False),
     Unauthorised: (401, False),
     ModelNotFound: (404, False),
     BodyTimeout: (408, False),
@@ -62,6 +69,7 @@ STATUS: dict[type[InferenceError], tuple[int, bool]] = {
     ModelNotReady: (503, True),
     Overloaded: (503, True),
     OutOfMemory: (503, True),
+    DeviceFailed: (500, False),
     RequestTimeout: (504, False),
 }
 METRICS_NEEDS_TOKEN = exposition.NEEDS_TOKEN  # the web role's /metrics says the same
@@ -191,6 +199,36 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
         )
         return Response(payload, headers=headers)
 
+    # --- extensions ----------------------------------------------------------------------------
+
+    async def statistics(request: Request) -> Response:
+        try:
+            await plane.authorise(bearer(request) if plane.needs_token else "")
+            model = request.path_params.get("model")
+            return JSONResponse(plane.statistics(model, request.path_params.get("version")))
+        except InferenceError as exc:
+            return error_response(exc)
+
+    async def repository_index(request: Request) -> Response:
+        try:
+            await plane.authorise(bearer(request) if plane.needs_token else "")
+            limit = BodyLimit(settings.MAX_REQUEST_BODY_BYTES, "MODELYARD_MAX_REQUEST_BODY_BYTES")
+            body = await read_body(request, limit)
+            ready = _ready_only(bytes(body))
+            return JSONResponse(plane.repository_index(ready_only=ready))
+        except InferenceError as exc:
+            return error_response(exc)
+
+    def repository_control(action: str) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                await plane.authorise(bearer(request) if plane.needs_token else "")
+                plane.repository_control(request.path_params["model"], action)
+            except InferenceError as exc:
+                return error_response(exc)
+
+        return endpoint
+
     # --- metrics -------------------------------------------------------------------------------
 
     async def prometheus(request: Request) -> Response:
@@ -209,18 +247,37 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
         Route("/v2/health/live", live),
         Route("/v2/health/ready", ready),
         Route("/metrics", prometheus),
+        # Before /v2/models/{model}, which would take "stats" for a model's name.
+        Route("/v2/models/stats", statistics),
+        Route("/v2/repository/index", repository_index, methods=["POST"]),
+        Route("/v2/repository/models/{model}/load", repository_control("load"), methods=["POST"]),
+        Route("/v2/repository/models/{model}/unload", repository_control("unload"), methods=["POST"]),
     ]
     for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
         routes += [
             Route(prefix, model_metadata),
             Route(f"{prefix}/ready", model_ready),
             Route(f"{prefix}/config", model_config),
+            Route(f"{prefix}/stats", statistics),
             Route(f"{prefix}/infer", infer, methods=["POST"]),
         ]
     app = Starlette(routes=routes, exception_handlers={404: _route_error, 405: _route_error})
     # Routes have no trailing slash; a redirect would lose clients that do not follow it.
     app.router.redirect_slashes = False
     return app
+
+
+def _ready_only(body: bytes) -> bool:
+    """The repository index request's ``{"ready": true}`` (an empty body asks for everything)."""
+    if not body.strip():
+        return False
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        raise InvalidInput('the repository index request must be a JSON object, such as {"ready": true}') from None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("ready", False), bool):
+        raise InvalidInput("the repository index request must be a JSON object whose 'ready' is true or false")
+    return bool(parsed.get("ready", False))
 
 
 async def _route_error(request: Request, exc: Exception) -> Response:

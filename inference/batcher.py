@@ -3,7 +3,11 @@
 One batch runs on the device while the queue forms the next. A batch closes when it reaches
 ``max_batch_size`` or when its oldest request has waited ``max_queue_delay``. Requests carry a
 priority (lower first, 0 = default) and an optional timeout, as in Triton; the queue is bounded
-and a full queue is refused at once. ORT runs in a worker thread, so the event loop never blocks.
+and a full queue is refused at once. As in Triton, a request waiting for its batch to fill still
+counts against ``max_queue_size``. ORT runs in a worker thread, so the event loop never blocks.
+
+The settings may change while the batcher serves (:meth:`Batcher.configure`): each is read where it
+is used, so the next request and the next batch follow them, and nothing queued is lost.
 
 A batcher belongs to one loaded version and lives on the event loop of its first request; it is
 closed with its version, from whichever thread releases that.
@@ -23,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from inference.errors import Overloaded, RequestTimeout
+from inference.statistics import VersionStats
 
 __all__ = ["Batcher", "Overloaded", "RequestTimeout", "batch_key"]
 
@@ -38,6 +43,7 @@ class _Item:
     rows: int = field(compare=False)
     future: asyncio.Future[Arrays] = field(compare=False)
     enqueued: float = field(compare=False)
+    enqueued_ns: int = field(compare=False)
     deadline: float | None = field(compare=False)
 
 
@@ -57,15 +63,18 @@ class Batcher:
         max_queue_size: int,
         on_batch: Callable[[int, int], None] | None = None,
         on_close: Callable[[], None] | None = None,
+        stats: VersionStats | None = None,
     ) -> None:
         self._run = run
         self.batching = batching
-        self.max_batch_size = max(1, max_batch_size)
-        self.max_delay = max_queue_delay_us / 1e6
-        self.max_queue_size = max_queue_size
+        self.configure(
+            max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size
+        )
         self._on_batch = on_batch
         self._on_close = on_close
+        self._stats = stats
         self._queue: list[_Item] = []
+        self._filling: list[_Item] = []  # requests taken from the queue into a batch that is still filling
         self._seq = itertools.count()
         self._arrived = asyncio.Event()
         self._slot = asyncio.Semaphore(1)  # one batch in flight while the next one forms
@@ -74,9 +83,16 @@ class Batcher:
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first request
         self._closed = False
 
+    def configure(self, *, max_batch_size: int, max_queue_delay_us: int, max_queue_size: int) -> None:
+        """Take new settings; safe from any thread, since each is one attribute read where it is used."""
+        self.max_batch_size = max(1, max_batch_size)
+        self.max_delay = max_queue_delay_us / 1e6
+        self.max_queue_size = max_queue_size
+
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        """Requests waiting: in the queue, and in a batch that is still filling."""
+        return len(self._queue) + len(self._filling)
 
     @property
     def started(self) -> bool:
@@ -89,16 +105,18 @@ class Batcher:
 
     def submit(self, feeds: Arrays, *, priority: int = 0, timeout_us: int | None = None) -> asyncio.Future[Arrays]:
         """Queue one request; the future resolves to its outputs. Cancel the future to drop it."""
-        if len(self._queue) >= self.max_queue_size:
-            # Requests whose clients went away still sit in the heap; they do not count.
+        if len(self._queue) + len(self._filling) >= self.max_queue_size:
+            # Requests whose clients went away still sit in the heap (or the filling batch); they do not count.
             self._queue = [item for item in self._queue if not item.future.done()]
             heapq.heapify(self._queue)
-        if len(self._queue) >= self.max_queue_size:
-            raise Overloaded(f"the queue is full ({self.max_queue_size} requests)")
+            filling = sum(1 for item in self._filling if not item.future.done())
+            if len(self._queue) + filling >= self.max_queue_size:
+                raise Overloaded(f"the queue is full ({self.max_queue_size} requests)")
         if self._closed:
             raise Overloaded("the model was unloaded")
         loop = asyncio.get_running_loop()
-        now = time.monotonic()
+        now_ns = time.monotonic_ns()
+        now = now_ns / 1e9  # the same clock as time.monotonic()
         first = next(iter(feeds.values()))
         item = _Item(
             order=(priority or DEFAULT_PRIORITY, next(self._seq)),
@@ -107,6 +125,7 @@ class Batcher:
             rows=first.shape[0] if self.batching and first.ndim else 1,
             future=loop.create_future(),
             enqueued=now,
+            enqueued_ns=now_ns,
             deadline=now + timeout_us / 1e6 if timeout_us else None,
         )
         heapq.heappush(self._queue, item)
@@ -144,9 +163,18 @@ class Batcher:
         head = self._take_live()
         if head is None:
             return []
-        batch, rows = [head], head.rows
         if not self.batching:
-            return batch
+            return [head]
+        self._filling = [head]
+        try:
+            return await self._fill(self._filling)
+        finally:
+            self._filling = []
+
+    async def _fill(self, batch: list[_Item]) -> list[_Item]:
+        """Add matching requests to ``batch`` until it is full or its first request has waited its delay."""
+        head = batch[0]
+        rows = head.rows
         close_at = head.enqueued + self.max_delay
         while rows < self.max_batch_size:
             keep: list[_Item] = []
@@ -203,15 +231,24 @@ class Batcher:
             item.future.set_result(result[0])
 
     def _run_batch(self, batch: list[_Item]) -> list[Arrays]:
+        started = time.monotonic_ns()
         if len(batch) == 1:
+            item = batch[0]
             if self._on_batch:
-                self._on_batch(1, batch[0].rows)
-            return [self._run(batch[0].feeds)]
+                self._on_batch(1, item.rows)
+            outputs = self._run(item.feeds)
+            if self._stats is not None:
+                ran = time.monotonic_ns()
+                self._stats.batch_done(item.rows, 1, started - item.enqueued_ns, 0, ran - started, 0)
+            return [outputs]
         names = list(batch[0].feeds)
         merged = {name: np.concatenate([item.feeds[name] for item in batch], axis=0) for name in names}
+        merged_at = time.monotonic_ns()
         outputs = self._run(merged)
+        ran = time.monotonic_ns()
+        rows = sum(item.rows for item in batch)
         if self._on_batch:
-            self._on_batch(len(batch), sum(item.rows for item in batch))
+            self._on_batch(len(batch), rows)
         results: list[Arrays] = [{} for _ in batch]
         offsets = np.cumsum([0] + [item.rows for item in batch])
         for name, value in outputs.items():
@@ -219,6 +256,11 @@ class Batcher:
                 raise RuntimeError(f"output '{name}' has shape {value.shape}; it cannot be split by batch")
             for index in range(len(batch)):
                 results[index][name] = value[offsets[index] : offsets[index + 1]]
+        if self._stats is not None:
+            queued = sum(started - item.enqueued_ns for item in batch)
+            self._stats.batch_done(
+                rows, len(batch), queued, merged_at - started, ran - merged_at, time.monotonic_ns() - ran
+            )
         return results
 
     def close(self) -> None:

@@ -8,15 +8,18 @@ around it (decode, call, encode), and a gRPC server calls the same methods.
 
 What a transport must refuse before it reads a request body (the token, the rate limit, the
 model, the body limit) is here too, as separate methods, so that every transport refuses the same
-way and in the same order.
+way and in the same order. So are Triton's extensions that both transports serve: statistics
+(counted per loaded version, ``inference/statistics.py``), classification
+(``inference/classification.py``) and the model repository's index.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Coroutine, Iterator
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 import anyio
 import numpy as np
@@ -24,26 +27,39 @@ from django.conf import settings
 
 from inference import metrics
 from inference.auth import TokenCache, token_key
+from inference.classification import classify
 from inference.errors import (
     ClientGone,
-    InferenceFailed,
+    InferenceError,
     ModelNotFound,
     ModelNotReady,
-    OutOfMemory,
     Overloaded,
     RateLimited,
+    RepositoryReadOnly,
     RequestTimeout,
     Unauthorised,
+    run_failure,
 )
 from inference.protocol import BodyLimit, InferRequest
 from inference.runtime import InferenceRuntime, LoadedVersion, NotLoaded
 from inference.throttle import Throttle, retry_after
 
 PLATFORM = "onnxruntime_onnx"
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "parameters"]
+# Only what is served: the repository extension's index answers, its load and unload refuse (models
+# are loaded by promotion), and there is no shared memory, sequence batching, tracing or logging.
+EXTENSIONS = [
+    "binary_tensor_data",
+    "classification",
+    "model_configuration",
+    "model_repository",
+    "parameters",
+    "statistics",
+]
 NEEDS_TOKEN = "a bearer token with the inference role is required"
 OUT_OF_MEMORY = "the server has not enough memory for this request now; retry later or send a smaller one"
 RELOADING = "the model is being reloaded; retry"
+# The repository index's states, as Triton names them, for each load state of the fleet report.
+REPOSITORY_STATES = {"ready": "READY", "loading": "LOADING", "failed": "UNAVAILABLE", "draining": "UNLOADING"}
 ATTEMPTS = 3  # routes taken in turn when a version is swapped out between resolving and acquiring it
 
 _TRITON_TYPES = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL"}
@@ -214,6 +230,37 @@ class DataPlane:
             }
         return config
 
+    def statistics(self, model: str | None = None, ref: str | None = None) -> dict[str, Any]:
+        """Triton's statistics: every loaded version, every version of ``model``, or the one ``model``/``ref`` names."""
+        if model is None:
+            chosen = list(self.runtime.loaded.values())
+        elif ref is not None:
+            chosen = [self.resolve(model, ref)]
+        else:
+            chosen = [v for v in self.runtime.loaded.values() if v.spec.model == model]
+            if not chosen:
+                self.resolve(model)  # says why: an unknown model (404), or one not loaded yet (503)
+        chosen.sort(key=lambda v: (v.spec.model, v.spec.version))
+        return {"model_stats": [v.stats.as_json(v.spec.model, v.version_label) for v in chosen]}
+
+    def repository_index(self, *, ready_only: bool = False) -> list[dict[str, str]]:
+        """Every version this process serves, loads or failed to load, with Triton's state names."""
+        index = []
+        for row in self.runtime.snapshot():
+            state = REPOSITORY_STATES.get(row.state.value, "UNAVAILABLE")
+            if ready_only and state != "READY":
+                continue
+            index.append({"name": row.model, "version": str(row.version), "state": state, "reason": row.error})
+        return index
+
+    def repository_control(self, model: str, action: str) -> NoReturn:
+        """``load`` and ``unload`` are the registry's: always :class:`RepositoryReadOnly`, saying where to go."""
+        raise RepositoryReadOnly(
+            f"models are not {action}ed on request: they are loaded by promotion in the registry. Point a served "
+            f"alias at a ready version (PUT /api/v1/models/{model}/aliases/production, approved by a second person), "
+            f"or stop serving it (PATCH /api/v1/models/{model}/aliases/<alias> with served false)"
+        )
+
     def queue_depths(self) -> Iterator[tuple[LoadedVersion, int]]:
         """Requests waiting per loaded version, for versions that have taken requests and still serve."""
         for loaded in list(self.runtime.loaded.values()):
@@ -249,41 +296,54 @@ class DataPlane:
                     loaded.acquire()
                 except NotLoaded:
                     continue  # swapped out between resolve and acquire: take the new route
+                started = time.monotonic_ns()
                 try:
-                    try:
-                        future = loaded.batcher.submit(
-                            request.inputs, priority=request.priority, timeout_us=request.timeout_us
-                        )
-                    except Overloaded as exc:
-                        raise Overloaded(f"model '{spec.model}' is overloaded: {exc}") from None
-                    loaded.metrics.queue_depth(loaded.batcher.queued)
-                    loaded.traffic.watch(future)  # requests/s, latency and errors for the fleet page
-                    values: dict[str, np.ndarray] | None = None
-                    try:
-                        if client_gone is None:
-                            values = await future
-                        else:
-                            disconnect: asyncio.Future[Any] = asyncio.ensure_future(client_gone)
-                            client_gone = None
-                            try:
-                                done, _ = await asyncio.wait([future, disconnect], return_when=asyncio.FIRST_COMPLETED)
-                            finally:
-                                disconnect.cancel()
-                            if future in done:
-                                values = future.result()
-                            else:
-                                future.cancel()  # the client went away: drop the request before it runs
-                    except RequestTimeout as exc:
-                        raise RequestTimeout(f"{exc} (timeout {request.timeout_us} us)") from None
-                    except MemoryError:
-                        raise OutOfMemory(OUT_OF_MEMORY) from None
-                    except Exception as exc:  # ORT refused these inputs
-                        raise InferenceFailed(f"inference failed: {exc}") from exc
+                    values = await self._run(loaded, request, client_gone)
+                except ClientGone:
+                    raise
+                except InferenceError:
+                    loaded.stats.request_failed(started)
+                    raise
                 finally:
+                    client_gone = None  # consumed by _run
                     loaded.release()
-                if values is None:
-                    raise ClientGone("the client went away before its answer was ready")
+                loaded.stats.request_done(started)
+                for name, count in request.classification.items():
+                    values[name] = classify(values[name], count, loaded.labels, batched=loaded.batching)
                 return InferResult(spec.model, loaded.version_label, values)
             raise ModelNotReady(RELOADING)
         finally:
             _discard(client_gone)
+
+    async def _run(
+        self,
+        loaded: LoadedVersion,
+        request: InferRequest,
+        client_gone: Coroutine[Any, Any, object] | None,
+    ) -> dict[str, np.ndarray]:
+        """Submit to the version's batcher and wait for the outputs, or for the client to go away."""
+        try:
+            future = loaded.batcher.submit(request.inputs, priority=request.priority, timeout_us=request.timeout_us)
+        except Overloaded as exc:
+            _discard(client_gone)
+            raise Overloaded(f"model '{loaded.spec.model}' is overloaded: {exc}") from None
+        loaded.metrics.queue_depth(loaded.batcher.queued)
+        loaded.traffic.watch(future)  # requests/s, latency and errors for the fleet page
+        try:
+            if client_gone is None:
+                return await future
+            disconnect: asyncio.Future[Any] = asyncio.ensure_future(client_gone)
+            try:
+                done, _ = await asyncio.wait([future, disconnect], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                disconnect.cancel()
+            if future in done:
+                return future.result()
+            future.cancel()  # the client went away: drop the request before it runs
+        except RequestTimeout as exc:
+            raise RequestTimeout(f"{exc} (timeout {request.timeout_us} us)") from None
+        except InferenceError:
+            raise  # the batcher's own (the model was unloaded)
+        except Exception as exc:  # ONNX Runtime failed: the input, the memory or the device
+            raise run_failure(exc, OUT_OF_MEMORY) from exc
+        raise ClientGone("the client went away before its answer was ready")

@@ -70,3 +70,70 @@ class OutOfMemory(InferenceError):
 
 class InferenceFailed(InferenceError):
     """ONNX Runtime refused the inputs."""
+
+
+class DeviceFailed(InferenceError):
+    """The device or ONNX Runtime itself failed while running the request (a lost GPU, a CUDA error), not the input."""
+
+
+class RepositoryReadOnly(InferenceError):
+    """Models are loaded and unloaded by promotion in the registry, never through the protocol's repository calls."""
+
+
+# How ONNX Runtime words a failure that is not the request's fault, lowercased. Out of memory (the
+# device's or the host's) is worth a retry; the others mean the device or the runtime broke.
+_OUT_OF_MEMORY_WORDS = (
+    "out of memory",
+    "failed to allocate memory",
+    "alloc_failed",
+    "bad_alloc",
+    "cudaerrormemoryallocation",
+)
+_DEVICE_WORDS = (
+    "cuda failure",
+    "cuda error",
+    "cudaerror",
+    "cublas failure",
+    "cublas_status",
+    "cudnn failure",
+    "cudnn_status",
+    "cufft failure",
+    "curand failure",
+    "tensorrt",
+    ": ep_fail :",
+    "illegal memory access",
+    "unspecified launch failure",
+    "device lost",
+    "hip failure",
+    "hiperror",
+)
+
+
+# ONNX Runtime's own exception types for a failed device or execution provider.
+_DEVICE_EXCEPTIONS = {"EPFail", "DeviceReset", "EngineError"}
+
+
+def runtime_detail(exc: BaseException) -> str:
+    """ONNX Runtime's message without its status prefix and the host details after ``; GPU=``."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if text.startswith("[ONNXRuntimeError]"):
+        text = text.split(" : ", 3)[-1]
+    return text.split(" ; GPU=")[0][:500]
+
+
+def run_failure(exc: BaseException, out_of_memory: str) -> InferenceError:
+    """What an exception from running the model means: no memory now (retry), a failed device, or bad input.
+
+    ``out_of_memory`` is the message of :class:`OutOfMemory`. Everything that is not recognisably the
+    device or the memory is the request's fault, as ONNX Runtime refuses inputs in many words.
+    """
+    if isinstance(exc, MemoryError):
+        return OutOfMemory(out_of_memory)
+    lowered = str(exc).lower()
+    if any(words in lowered for words in _OUT_OF_MEMORY_WORDS):
+        return OutOfMemory(f"{out_of_memory} (ONNX Runtime: {runtime_detail(exc)})")
+    if type(exc).__name__ in _DEVICE_EXCEPTIONS or any(words in lowered for words in _DEVICE_WORDS):
+        return DeviceFailed(
+            f"the device failed while running the model, not because of the request: {runtime_detail(exc)}"
+        )
+    return InferenceFailed(f"inference failed: {exc}")

@@ -12,7 +12,8 @@ import json
 import math
 import struct
 import zlib
-from dataclasses import dataclass
+from collections.abc import Container, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,6 +42,13 @@ class InferRequest:
     signature: dict[str, Any]
     priority: int = 0
     timeout_us: int | None = None
+    classification: dict[str, int] = field(default_factory=dict)  # output name -> top N (the extension)
+
+
+def can_batch(signature: dict[str, Any]) -> bool:
+    """A model batches when every input and output has a dynamic first dimension."""
+    specs = signature.get("inputs", []) + signature.get("outputs", [])
+    return bool(specs) and all(s.get("shape") and s["shape"][0] == -1 for s in specs)
 
 
 @dataclass(frozen=True)
@@ -216,10 +224,10 @@ def _decode_bytes_elements(name: str, raw: memoryview, count: int) -> np.ndarray
         offset += size
     if len(values) != count:
         raise InvalidInput(f"input '{name}': shape needs {count} BYTES elements, got {len(values)}")
-    return _string_array(name, values)
+    return string_array(name, values)
 
 
-def _string_array(name: str, values: list[Any]) -> np.ndarray:
+def string_array(name: str, values: list[Any]) -> np.ndarray:
     """An object array of ``str``: ONNX Runtime turns a ``bytes`` element into its repr ("b'...'")."""
     array = np.empty(len(values), dtype=object)
     for index, value in enumerate(values):
@@ -240,7 +248,7 @@ def _from_json_data(name: str, datatype: str, data: Any, count: int) -> np.ndarr
     if data is None:
         raise InvalidInput(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
     if datatype == "BYTES":
-        array = _string_array(name, list(np.asarray(data, dtype=object).reshape(-1)))
+        array = string_array(name, list(np.asarray(data, dtype=object).reshape(-1)))
     else:
         try:
             with np.errstate(over="ignore"):  # an FP16 overflow (70000 -> inf) is refused below as not finite
@@ -275,7 +283,93 @@ def _parameters(item: dict[str, Any], what: str) -> dict[str, Any]:
     return parameters
 
 
+# --- Checks every transport shares (the REST body here, gRPC messages in inference/grpc/codec.py) ------------
+
+
+def check_input(
+    name: str, datatype: Any, shape: Any, expected: dict[str, dict[str, Any]], seen: Container[str]
+) -> tuple[list[int], int]:
+    """An input's datatype and shape against the signature; returns the shape and its element count."""
+    spec = expected.get(name)
+    if spec is None:
+        raise InvalidInput(f"unknown input '{name}'; the model takes {', '.join(sorted(expected)) or 'none'}")
+    if name in seen:
+        raise InvalidInput(f"input '{name}' appears twice")
+    if not isinstance(datatype, str) or datatype not in NUMPY_OF:
+        raise InvalidInput(f"input '{name}': unknown datatype {datatype!r}")
+    if datatype != spec["datatype"]:
+        raise InvalidInput(f"input '{name}': expected datatype {spec['datatype']}, got {datatype}")
+    shape = _shape(name, shape)
+    want = spec.get("shape")
+    if want is not None and (
+        len(want) != len(shape) or any(w not in (-1, s) for w, s in zip(want, shape, strict=True))
+    ):
+        raise InvalidInput(f"input '{name}': expected shape {want}, got {shape}")
+    return shape, int(np.prod(shape)) if shape else 1
+
+
+def check_all_inputs(expected: dict[str, dict[str, Any]], inputs: dict[str, np.ndarray]) -> None:
+    missing = sorted(expected.keys() - inputs.keys())
+    if missing:
+        raise InvalidInput(f"missing input(s): {', '.join(missing)}")
+
+
+def binary_tensor(
+    name: str, datatype: str, raw: memoryview | bytes, shape: list[int], count: int, *, size_name: str
+) -> np.ndarray:
+    """One input from its binary form: little-endian elements, or BYTES elements each after a 4-byte length."""
+    if datatype == "BYTES":
+        return _decode_bytes_elements(name, memoryview(raw), count).reshape(shape)
+    dtype = np.dtype(NUMPY_OF[datatype]).newbyteorder("<")
+    if len(raw) != count * dtype.itemsize:
+        raise InvalidInput(
+            f"input '{name}': shape {shape} of {datatype} needs {count * dtype.itemsize} bytes, "
+            f"got {size_name} {len(raw)}"
+        )
+    return np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="), copy=False).reshape(shape)
+
+
+def check_outputs(
+    requested: Iterable[tuple[Any, dict[str, Any]]], signature: dict[str, Any]
+) -> tuple[list[str], dict[str, int]]:
+    """The requested outputs (name, parameters) in order: each known and asked once; and their classification counts."""
+    datatypes = {spec["name"]: spec["datatype"] for spec in signature.get("outputs", [])}
+    outputs: list[str] = []
+    classification: dict[str, int] = {}
+    for name, parameters in requested:
+        if not isinstance(name, str) or name not in datatypes:
+            raise InvalidInput(f"unknown output {name!r}; the model gives {', '.join(datatypes)}")
+        if name in outputs:
+            raise InvalidInput(f"output '{name}' appears twice")
+        outputs.append(name)
+        count = parameters.get("classification")
+        if count is not None:
+            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                raise InvalidInput(f"output '{name}': classification must be a positive integer, got {count!r}")
+            if datatypes[name] in ("BYTES", "BOOL"):
+                raise InvalidInput(f"output '{name}': classification needs a numeric output, not {datatypes[name]}")
+            classification[name] = count
+    return outputs, classification
+
+
+def check_scheduling(priority: Any, timeout: Any) -> tuple[int, int | None]:
+    """Triton's ``priority`` and ``timeout`` (microseconds) request parameters, both uint64."""
+    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= MAX_UINT64:
+        raise InvalidInput(f"parameters.priority must be a non-negative integer, got {priority!r}")
+    if timeout is not None and (
+        not isinstance(timeout, int) or isinstance(timeout, bool) or not 0 <= timeout <= MAX_UINT64
+    ):
+        raise InvalidInput(f"parameters.timeout must be a non-negative integer (microseconds), got {timeout!r}")
+    return priority, timeout or None
+
+
+# --- The REST body ---------------------------------------------------------------------------------------------
+
+
 def decode_request(body: bytes | bytearray, header_length: str | None, signature: dict[str, Any]) -> InferRequest:
+    """A /v2 request body (JSON, JSON followed by binary tensors, or one raw tensor) checked against ``signature``."""
+    if header_length is not None and header_length.strip() == "0":
+        return decode_raw_request(body, signature)
     header, binary = split_body(body, header_length)
     expected = {spec["name"]: spec for spec in signature.get("inputs", [])}
     raw_inputs = header.get("inputs")
@@ -287,23 +381,8 @@ def decode_request(body: bytes | bytearray, header_length: str | None, signature
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             raise InvalidInput(f"each input needs a 'name', got {item!r}")
         name = item["name"]
-        spec = expected.get(name)
-        if spec is None:
-            raise InvalidInput(f"unknown input '{name}'; the model takes {', '.join(sorted(expected)) or 'none'}")
-        if name in inputs:
-            raise InvalidInput(f"input '{name}' appears twice")
-        datatype = item.get("datatype")
-        if not isinstance(datatype, str) or datatype not in NUMPY_OF:
-            raise InvalidInput(f"input '{name}': unknown datatype {datatype!r}")
-        if datatype != spec["datatype"]:
-            raise InvalidInput(f"input '{name}': expected datatype {spec['datatype']}, got {datatype}")
-        shape = _shape(name, item.get("shape"))
-        want = spec.get("shape")
-        if want is not None and (
-            len(want) != len(shape) or any(w not in (-1, s) for w, s in zip(want, shape, strict=True))
-        ):
-            raise InvalidInput(f"input '{name}': expected shape {want}, got {shape}")
-        count = int(np.prod(shape)) if shape else 1
+        shape, count = check_input(name, item.get("datatype"), item.get("shape"), expected, inputs)
+        datatype: str = item["datatype"]  # a known datatype by now
         size = _parameters(item, f"input '{name}'").get("binary_data_size")
         if size is not None:
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -315,24 +394,12 @@ def decode_request(body: bytes | bytearray, header_length: str | None, signature
                 )
             raw = binary[offset : offset + size]
             offset += size
-            if datatype == "BYTES":
-                array = _decode_bytes_elements(name, raw, count)
-            else:
-                dtype = np.dtype(NUMPY_OF[datatype]).newbyteorder("<")
-                if size != count * dtype.itemsize:
-                    raise InvalidInput(
-                        f"input '{name}': shape {shape} of {datatype} needs {count * dtype.itemsize} bytes, "
-                        f"got binary_data_size {size}"
-                    )
-                array = np.frombuffer(raw, dtype=dtype).astype(dtype.newbyteorder("="), copy=False)
+            inputs[name] = binary_tensor(name, datatype, raw, shape, count, size_name="binary_data_size")
         else:
-            array = _from_json_data(name, datatype, item.get("data"), count)
-        inputs[name] = array.reshape(shape)
+            inputs[name] = _from_json_data(name, datatype, item.get("data"), count).reshape(shape)
     if offset != len(binary):
         raise InvalidInput(f"the body has {len(binary) - offset} bytes of binary data that no input claims")
-    missing = sorted(expected.keys() - inputs.keys())
-    if missing:
-        raise InvalidInput(f"missing input(s): {', '.join(missing)}")
+    check_all_inputs(expected, inputs)
 
     parameters = header.get("parameters")
     parameters = {} if parameters is None else parameters
@@ -341,30 +408,24 @@ def decode_request(body: bytes | bytearray, header_length: str | None, signature
     names = [spec["name"] for spec in signature.get("outputs", [])]
     requested = header.get("outputs")
     binary_all = bool(parameters.get("binary_data_output", False))
+    classification: dict[str, int] = {}
     if requested is None:
         outputs, binary_outputs = names, set(names) if binary_all else set()
     else:
         if not isinstance(requested, list):
             raise InvalidInput("'outputs' must be a list")
-        outputs, binary_outputs = [], set()
+        asked = []
         for item in requested:
-            if not isinstance(item, dict) or item.get("name") not in names:
-                name = item.get("name") if isinstance(item, dict) else item
-                raise InvalidInput(f"unknown output {name!r}; the model gives {', '.join(names)}")
-            outputs.append(item["name"])
-            if _parameters(item, f"output '{item['name']}'").get("binary_data", binary_all):
-                binary_outputs.add(item["name"])
+            if not isinstance(item, dict):
+                raise InvalidInput(f"unknown output {item!r}; the model gives {', '.join(names)}")
+            name = item.get("name")
+            asked.append((name, _parameters(item, f"output '{name}'") if name in names else {}))
+        outputs, classification = check_outputs(asked, signature)
+        binary_outputs = {name for name, options in asked if options.get("binary_data", binary_all)}
     request_id = header.get("id")
     if request_id is not None and (not isinstance(request_id, str | int | float) or isinstance(request_id, bool)):
         raise InvalidInput(f"'id' must be a string, got {type(request_id).__name__}")
-    priority = parameters.get("priority", 0)
-    timeout = parameters.get("timeout")
-    if not isinstance(priority, int) or isinstance(priority, bool) or not 0 <= priority <= MAX_UINT64:
-        raise InvalidInput(f"parameters.priority must be a non-negative integer, got {priority!r}")
-    if timeout is not None and (
-        not isinstance(timeout, int) or isinstance(timeout, bool) or not 0 <= timeout <= MAX_UINT64
-    ):
-        raise InvalidInput(f"parameters.timeout must be a non-negative integer (microseconds), got {timeout!r}")
+    priority, timeout = check_scheduling(parameters.get("priority", 0), parameters.get("timeout"))
     return InferRequest(
         id=None if request_id is None else str(request_id),
         inputs=inputs,
@@ -372,14 +433,75 @@ def decode_request(body: bytes | bytearray, header_length: str | None, signature
         binary_outputs=binary_outputs,
         signature=signature,
         priority=priority,
-        timeout_us=timeout or None,
+        timeout_us=timeout,
+        classification=classification,
     )
 
 
-def _datatype(array: np.ndarray) -> str:
+RAW_REQUEST = "a raw binary request (Inference-Header-Content-Length: 0)"
+
+
+def decode_raw_request(body: bytes | bytearray, signature: dict[str, Any]) -> InferRequest:
+    """Triton's raw binary request: the body is the data of the model's one input, with no JSON header.
+
+    The shape is the input's own (batch-1 for a batching model), its one dynamic dimension, if any,
+    deduced from the body's size; a BYTES input must hold one element, which is the whole body.
+    Every output comes back as binary data.
+    """
+    inputs = signature.get("inputs", [])
+    if len(inputs) != 1:
+        raise InvalidInput(
+            f"{RAW_REQUEST} needs a model with exactly one input; this one takes {len(inputs)} "
+            f"({', '.join(spec['name'] for spec in inputs)}): send a JSON header with the inputs described"
+        )
+    spec = inputs[0]
+    name, datatype, dims = spec["name"], spec["datatype"], list(spec.get("shape") or [])
+    shape = [1, *dims[1:]] if can_batch(signature) else dims
+    dynamic = [axis for axis, d in enumerate(shape) if d < 0]
+    if datatype == "BYTES":
+        if dynamic or int(np.prod(shape)) != 1:
+            raise InvalidInput(
+                f"{RAW_REQUEST} of BYTES needs an input of one element (shape [1]); input '{name}' has shape {dims}"
+            )
+        array = string_array(name, [bytes(body)]).reshape(shape)
+    else:
+        if len(dynamic) > 1:
+            raise InvalidInput(
+                f"{RAW_REQUEST}: the shape of input '{name}' {dims} cannot be deduced from the body's size, as it "
+                "has more than one dynamic dimension; send a JSON header with the shape"
+            )
+        itemsize = np.dtype(NUMPY_OF[datatype]).itemsize
+        known = int(np.prod([d for d in shape if d >= 0])) * itemsize
+        if dynamic:
+            if not known or len(body) % known:
+                raise InvalidInput(
+                    f"{RAW_REQUEST}: the body's {len(body)} bytes do not fill input '{name}' of {datatype} {dims}: "
+                    f"its dynamic dimension takes {known} bytes a step"
+                )
+            shape[dynamic[0]] = len(body) // known
+        count = int(np.prod(shape))
+        array = binary_tensor(name, datatype, memoryview(body), shape, count, size_name="a body of")
+    names = [output["name"] for output in signature.get("outputs", [])]
+    return InferRequest(
+        id=None,
+        inputs={name: array},
+        outputs=names,
+        binary_outputs=set(names),
+        signature=signature,
+    )
+
+
+def output_datatype(array: np.ndarray) -> str:
     if array.dtype == np.object_ or array.dtype.kind in "SU":
         return "BYTES"
     return PROTOCOL_OF.get(array.dtype.str, PROTOCOL_OF.get(array.dtype.newbyteorder("<").str, str(array.dtype)))
+
+
+def binary_output(array: np.ndarray, datatype: str) -> bytes:
+    """An output in the binary form: little-endian elements, or BYTES elements each after a 4-byte length."""
+    if datatype == "BYTES":
+        return _bytes_payload(array)
+    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
 
 
 def _bytes_payload(array: np.ndarray) -> bytes:
@@ -393,7 +515,7 @@ def _bytes_payload(array: np.ndarray) -> bytes:
 
 def _json_data(array: np.ndarray) -> list[Any]:
     flat = array.reshape(-1)
-    if _datatype(array) == "BYTES":
+    if output_datatype(array) == "BYTES":
         return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat]
     values = list(flat.tolist())
     if flat.dtype.kind == "f" and not np.isfinite(flat).all():
@@ -410,13 +532,9 @@ def encode_response(
     blobs = []
     for name in request.outputs:
         array = values[name]
-        entry: dict[str, Any] = {"name": name, "datatype": _datatype(array), "shape": list(array.shape)}
+        entry: dict[str, Any] = {"name": name, "datatype": output_datatype(array), "shape": list(array.shape)}
         if name in request.binary_outputs:
-            blob = (
-                _bytes_payload(array)
-                if entry["datatype"] == "BYTES"
-                else np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
-            )
+            blob = binary_output(array, entry["datatype"])
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:

@@ -8,6 +8,7 @@ load never touches what is serving. The request path reads only the in-memory ro
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -25,8 +26,10 @@ from django.utils import timezone
 from inference import metrics, telemetry
 from inference.batcher import Batcher
 from inference.cache import ArtifactCache
-from inference.protocol import BodyLimit, body_limit
+from inference.errors import InferenceError
+from inference.protocol import BodyLimit, body_limit, can_batch, decode_request
 from inference.sessions import build_session, device_description
+from inference.statistics import VersionStats
 from inference.traffic import Traffic
 from registry import serving
 from registry.serving import PRODUCTION, DesiredState, LoadedRow, LoadState, VersionSpec
@@ -38,10 +41,12 @@ class NotLoaded(Exception):
     """The version exists in the routing table no more (or not yet); the caller retries or answers 503."""
 
 
-def can_batch(signature: dict[str, Any]) -> bool:
-    """A model batches when every input and output has a dynamic first dimension."""
-    specs = signature.get("inputs", []) + signature.get("outputs", [])
-    return bool(specs) and all(s.get("shape") and s["shape"][0] == -1 for s in specs)
+__all__ = ["LABELS_FILE", "SAMPLE_INPUTS_FILE", "InferenceRuntime", "LoadedVersion", "NotLoaded", "can_batch"]
+
+# Extras a version may carry: the classification labels, one per line (the output's class index is
+# the line number from 0), and sample inputs in the /v2 JSON request format (validation and warm-up run them).
+LABELS_FILE = "labels.txt"
+SAMPLE_INPUTS_FILE = "sample_inputs.json"
 
 
 class LoadedVersion:
@@ -59,6 +64,7 @@ class LoadedVersion:
         load_seconds: float,
         memory_bytes: int,
         note: str = "",
+        labels: tuple[str, ...] = (),
     ) -> None:
         self.spec = spec
         self.session = session
@@ -66,6 +72,8 @@ class LoadedVersion:
         self.load_seconds = load_seconds
         self.memory_bytes = memory_bytes
         self.note = note  # e.g. why the session fell back to the CPU
+        self.labels = labels  # the classification extension's labels, by class index
+        self.stats = VersionStats()
         self.state = LoadState.READY
         self.version_label = str(spec.version)  # the version as /v2 names it, made once
         self.metrics = metrics.VersionMetrics(spec.model, self.version_label)
@@ -79,6 +87,7 @@ class LoadedVersion:
             max_queue_size=spec.max_queue_size,
             on_batch=self._observe_batch,
             on_close=self._forget_queue_depth,
+            stats=self.stats,
         )
         self.traffic = Traffic()  # the last minutes of requests, for the fleet page
         self._body_limit: tuple[int, BodyLimit] | None = None
@@ -110,6 +119,23 @@ class LoadedVersion:
 
     def _forget_queue_depth(self) -> None:
         self.metrics.retire()
+
+    def reconfigure(self, spec: VersionSpec) -> None:
+        """Take the model's new batching settings (``PATCH /api/v1/models/{m}``) without reloading the session.
+
+        The batcher follows them from its next request and batch on; what is queued stays queued.
+        """
+        self.spec = dataclasses.replace(
+            self.spec,
+            max_batch_size=spec.max_batch_size,
+            max_queue_delay_us=spec.max_queue_delay_us,
+            max_queue_size=spec.max_queue_size,
+        )
+        self.batcher.configure(
+            max_batch_size=spec.max_batch_size,
+            max_queue_delay_us=spec.max_queue_delay_us,
+            max_queue_size=spec.max_queue_size,
+        )
 
     def body_limit(self, default: int) -> BodyLimit:
         """The request body limit for this version under the global ``default``, worked out once per default."""
@@ -164,6 +190,39 @@ class RuntimeStatus:
     loading: dict[int, VersionSpec] = field(default_factory=dict)
     failures: dict[int, LoadFailure] = field(default_factory=dict)
     db_error: str = ""
+
+
+def _warm_up(session: Any, spec: VersionSpec, samples: Path | None) -> None:
+    """One run before the version takes traffic: on its sample inputs when it has them, else on synthetic ones.
+
+    Synthetic strings ("a") mean nothing to a model that parses its string inputs. Validation lets such
+    a version through with a warning when it has no sample inputs, and so does the warm-up: it logs.
+    """
+    if samples is not None:
+        try:
+            request = decode_request(samples.read_bytes(), None, spec.signature)
+        except InferenceError as exc:
+            raise ValueError(f"{SAMPLE_INPUTS_FILE}: {exc.message}") from None
+        session.run(None, request.inputs)
+        return
+    try:
+        session.run(None, serving.synthetic_inputs(session))
+    except Exception as exc:
+        if not any(item["datatype"] == "BYTES" for item in spec.signature.get("inputs", [])):
+            raise
+        logger.warning(
+            "%s v%s: the warm-up on synthetic string inputs failed (%s); it serves without one. Upload %s "
+            "with the version to warm it up on real inputs",
+            spec.model,
+            spec.version,
+            exc,
+            SAMPLE_INPUTS_FILE,
+        )
+
+
+def _read_labels(path: Path) -> tuple[str, ...]:
+    """One label per line; the line number (from 0) is the class index."""
+    return tuple(line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines())
 
 
 def _rss_bytes() -> int:
@@ -307,6 +366,7 @@ class InferenceRuntime:
             self._start_loads(desired)
             self._switch_routes(desired)
             metrics.load_failures(self._failing_versions(desired))
+            self._apply_settings(desired)
             if fresh and not self._synced:
                 self._synced = all(vid in self.loaded or vid in self.status.failures for vid in desired.versions)
         self._heartbeat_if_due()
@@ -336,7 +396,8 @@ class InferenceRuntime:
         rss_before = _rss_bytes()
         folder = self.cache.bundle(spec.sha256, spec.files)
         built = build_session(folder / spec.model_file)
-        built.session.run(None, serving.synthetic_inputs(built.session))  # warm-up before taking traffic
+        extras = {item.name for item in spec.files}
+        _warm_up(built.session, spec, folder / SAMPLE_INPUTS_FILE if SAMPLE_INPUTS_FILE in extras else None)
         loaded = LoadedVersion(
             spec,
             built.session,
@@ -344,6 +405,7 @@ class InferenceRuntime:
             load_seconds=time.perf_counter() - started,
             memory_bytes=max(0, _rss_bytes() - rss_before),
             note=built.note,
+            labels=_read_labels(folder / LABELS_FILE) if LABELS_FILE in extras else (),
         )
         logger.info("loaded %s v%s on %s in %.2fs", spec.model, spec.version, built.provider, loaded.load_seconds)
         return loaded
@@ -394,6 +456,20 @@ class InferenceRuntime:
         # Never evict what serves, nor a bundle that a load in the background is still reading.
         keep = {v.spec.sha256 for v in self.loaded.values()} | {s.sha256 for s in self.status.loading.values()}
         self.cache.evict(keep=keep)
+
+    def _apply_settings(self, desired: DesiredState) -> None:
+        """A model's batching settings changed in the registry: its loaded versions take them, without a reload."""
+        for version_id, loaded in self.loaded.items():
+            spec = desired.versions.get(version_id)
+            if spec is not None and spec.batching_settings != loaded.spec.batching_settings:
+                logger.info(
+                    "%s v%s: batching settings %s -> %s",
+                    spec.model,
+                    spec.version,
+                    loaded.spec.batching_settings,
+                    spec.batching_settings,
+                )
+                loaded.reconfigure(spec)
 
     def _unload_other_versions(self, model: str, keep: set[int]) -> None:
         """The replace strategy: free the model's old sessions before loading the new one (brief 503s)."""

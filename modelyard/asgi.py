@@ -5,7 +5,8 @@ which would cost more per request than the model itself; the web role's probes, 
 ``/readyz``, go to ``modelyard.health``, and its ``/metrics`` (the registry's) to
 ``modelyard.metrics``; everything else goes to Django. The process role
 (``MODELYARD_ROLE``: all, web or inference) decides which halves exist, and the lifespan events
-start and stop the inference runtime's reconcile loop.
+start and stop the inference runtime's reconcile loop and the gRPC server (``inference/grpc/``,
+on ``MODELYARD_GRPC_PORT`` unless it is 0), which serves the same data plane on this event loop.
 """
 
 from __future__ import annotations
@@ -29,12 +30,25 @@ from modelyard import metrics as exposition  # noqa: E402
 
 runtime: Any = None
 data_plane: Any = None
+grpc_server: Any = None
 if settings.ROLE in ("all", "inference"):
     from inference.app import build_app
+    from inference.dataplane import DataPlane
     from inference.runtime import InferenceRuntime
 
     runtime = InferenceRuntime()
-    data_plane = build_app(runtime)  # its /metrics has the data plane's metrics and the GPU readings
+    plane = DataPlane(runtime)
+    data_plane = build_app(runtime, plane=plane)  # its /metrics has the data plane's metrics and the GPU readings
+    if settings.GRPC_PORT:
+        from inference.grpc.server import GrpcServer
+
+        grpc_server = GrpcServer(
+            plane,
+            host=settings.GRPC_HOST,
+            port=settings.GRPC_PORT,
+            reuse_port=settings.GRPC_REUSE_PORT,
+            max_message_bytes=settings.GRPC_MAX_MESSAGE_BYTES,
+        )
 web_metrics: Any = None
 if settings.ROLE in ("all", "web"):
     from registry import metrics as registry_metrics
@@ -47,10 +61,20 @@ async def _lifespan(receive: Any, send: Any) -> None:
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
+            if grpc_server is not None:
+                from inference.grpc.server import GrpcUnavailable
+
+                try:
+                    await grpc_server.start()
+                except GrpcUnavailable as exc:  # the server exits, saying why
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
             if runtime is not None:
                 runtime.start()
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
+            if grpc_server is not None:  # first, while the runtime still serves the calls in flight
+                await grpc_server.stop(settings.DRAIN_TIMEOUT_SECONDS)
             if runtime is not None:
                 runtime.stop()
             exposition.process_exit()

@@ -42,6 +42,13 @@ def _migrate() -> None:
 
 def serve(args: argparse.Namespace) -> int:
     os.environ["MODELYARD_ROLE"] = args.role
+    # gRPC listens where HTTP does. Several worker processes share its port through SO_REUSEPORT (each
+    # serves it, the kernel spreads connections); one process alone binds it exclusively, so a port
+    # already taken stops the start instead of being silently shared with another server.
+    if args.grpc_port is not None:
+        os.environ["MODELYARD_GRPC_PORT"] = str(args.grpc_port)
+    os.environ["MODELYARD_GRPC_HOST"] = args.host
+    os.environ["MODELYARD_GRPC_REUSE_PORT"] = "true" if args.workers > 1 else "false"
     # Before anything imports prometheus_client (which reads it once, at import): every process of
     # this server keeps its metrics in this run's folder, so a scrape of any one of them gives the
     # sums over all (modelyard/metrics.py). Always a new folder: an old run's files would add up too.
@@ -65,7 +72,8 @@ def _serve(args: argparse.Namespace) -> int:
         from modelyard.embedded import EmbeddedScheduler
 
         EmbeddedScheduler().start()
-    print(f"Modelyard ({args.role}) on http://{args.host}:{args.port}/  (API docs: /api/docs/)", flush=True)
+    grpc = f", gRPC on {args.host}:{settings.GRPC_PORT}" if settings.GRPC_PORT and args.role != "web" else ""
+    print(f"Modelyard ({args.role}) on http://{args.host}:{args.port}/{grpc}  (API docs: /api/docs/)", flush=True)
     uvicorn.run(
         "modelyard.asgi:application",
         host=args.host,
@@ -165,6 +173,16 @@ def _positive_days(text: str) -> int:
     if days < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of days of at least 1, got {text!r}")
     return days
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number (0 turns gRPC off), got {text!r}")
+    return port
 
 
 DEMO_MODEL = "demo"
@@ -324,6 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--role", choices=["all", "web", "inference"], default="all")
     p.add_argument("--workers", type=int, default=1, help="server processes")
+    p.add_argument(
+        "--grpc-port",
+        type=_port,
+        default=None,
+        help="gRPC port of the inference role (default $MODELYARD_GRPC_PORT or 8001; 0 turns gRPC off)",
+    )
     p.add_argument("--migrate", action="store_true", help="apply migrations first (always in embedded mode)")
     p.add_argument("--log-level", default="info")
     p.set_defaults(func=serve)

@@ -345,6 +345,20 @@ _v2_rate = env_rate("MODELYARD_V2_RATE", "off")
 V2_RATE = parse_rate(_v2_rate) if _v2_rate else None  # (requests, period in seconds)
 # Token verdicts /v2 keeps in memory (each for 5 s, so a revoked token stops working within 5 s).
 V2_TOKEN_CACHE_ENTRIES = env_int("MODELYARD_V2_TOKEN_CACHE_ENTRIES", 10_000, minimum=1)
+# gRPC (inference.GRPCInferenceService) beside /v2 in every inference process; port 0 turns it off.
+# `modelyard serve` sets these from --grpc-port, --host and --workers.
+GRPC_PORT = env_int("MODELYARD_GRPC_PORT", 8001, minimum=0)
+if GRPC_PORT > 65535:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(f"MODELYARD_GRPC_PORT: must be a port number (0 turns gRPC off), got {GRPC_PORT}")
+GRPC_HOST = env_str("MODELYARD_GRPC_HOST", "127.0.0.1") or "127.0.0.1"
+# Every worker process of `serve --workers N` binds the port with SO_REUSEPORT; one process alone does not share it.
+GRPC_REUSE_PORT = env_bool("MODELYARD_GRPC_REUSE_PORT", False)
+# The largest gRPC message a client may send (RESOURCE_EXHAUSTED past it); as large as /v2's body by default.
+GRPC_MAX_MESSAGE_BYTES = env_int("MODELYARD_GRPC_MAX_MESSAGE_BYTES", V2_MAX_BODY_BYTES, minimum=1024)
+# Requests of one ModelStreamInfer stream in flight at once; the client's further requests wait (flow control).
+GRPC_STREAM_CONCURRENCY = env_int("MODELYARD_GRPC_STREAM_CONCURRENCY", 64, minimum=1)
 RECONCILE_POLL_SECONDS = env_float("MODELYARD_RECONCILE_POLL_SECONDS", 5.0, minimum=0.05)
 FLEET_HEARTBEAT_SECONDS = env_float("MODELYARD_FLEET_HEARTBEAT_SECONDS", 5.0, minimum=0.05)
 # An inference process that went offline without a clean stop is named as lagging by ?wait= until

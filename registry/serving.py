@@ -116,6 +116,11 @@ class VersionSpec:
     max_queue_delay_us: int = 0
     max_queue_size: int = 1024
 
+    @property
+    def batching_settings(self) -> tuple[int, int, int]:
+        """What ``PATCH /api/v1/models/{m}`` may change while the version serves: a loaded version takes it as is."""
+        return (self.max_batch_size, self.max_queue_delay_us, self.max_queue_size)
+
 
 @dataclass(frozen=True)
 class DesiredState:

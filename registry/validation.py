@@ -1,7 +1,10 @@
 """Validation of an uploaded ONNX bundle, from protobuf checks to one real ONNX Runtime run.
 
 Everything here works on files in a local folder (the version's files, under their upload
-names) and returns findings a person can read; nothing touches the database. ``validate_bundle``
+names) and returns findings a person can read; nothing touches the database. The test run feeds
+the model its ``sample_inputs.json`` when the upload carries one (the /v2 JSON request format), and
+otherwise synthetic inputs: ones, and ``"a"`` for strings, which a model that parses its string
+inputs cannot read, so a synthetic run that fails on such a model is a warning. ``validate_bundle``
 runs inside the child process of ``registry.validation_process``, under its time and memory
 limits: a hostile model can make the checker, shape inference or ONNX Runtime allocate or loop
 without bound, and only a separate process can be stopped safely.
@@ -9,6 +12,7 @@ without bound, and only a separate process can be stopped safely.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections.abc import Callable
@@ -21,7 +25,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from registry.datatypes import ONNX_TO_PROTOCOL, numpy_of_ort_type
+from registry.datatypes import NUMPY_OF, ONNX_TO_PROTOCOL, numpy_of_ort_type
+
+# An extra of the upload: inputs for the test run, as a /v2 JSON inference request.
+SAMPLE_INPUTS = "sample_inputs.json"
 
 
 @dataclass(frozen=True)
@@ -233,6 +240,64 @@ def synthetic_inputs(session: Any) -> dict[str, np.ndarray]:
     return feeds
 
 
+class SampleInputsError(ValueError):
+    """``sample_inputs.json`` is not a request the model can take; the message says what is wrong."""
+
+
+def _sample_array(item: Any, expected: dict[str, dict[str, Any]]) -> tuple[str, np.ndarray]:
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        raise SampleInputsError("each input needs a 'name'")
+    raw_name = item["name"]
+    name = printable(raw_name)
+    spec = expected.get(raw_name)
+    if spec is None:
+        raise SampleInputsError(f"unknown input '{name}'; the model takes {', '.join(sorted(expected))}")
+    datatype = item.get("datatype")
+    if datatype != spec["datatype"]:
+        given = printable(datatype) if isinstance(datatype, str) else f"a {type(datatype).__name__}"
+        raise SampleInputsError(f"input '{name}': expected datatype {spec['datatype']}, got {given}")
+    shape = item.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise SampleInputsError(f"input '{name}': shape must be a list of non-negative integers")
+    want = spec.get("shape")
+    if want is not None and (
+        len(want) != len(shape) or any(w not in (-1, d) for w, d in zip(want, shape, strict=True))
+    ):
+        raise SampleInputsError(f"input '{name}': expected shape {want}, got {shape}")
+    dtype = NUMPY_OF[spec["datatype"]]
+    try:
+        flat = np.asarray(item.get("data"), dtype=dtype).reshape(-1)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise SampleInputsError(f"input '{name}': data does not fit {spec['datatype']}: {exc}") from None
+    if dtype is np.object_ and not all(isinstance(value, str) for value in flat):
+        raise SampleInputsError(f"input '{name}': BYTES data must be strings")
+    if flat.size != math.prod(shape):
+        raise SampleInputsError(f"input '{name}': shape {shape} needs {math.prod(shape)} values, got {flat.size}")
+    return raw_name, flat.reshape(shape)
+
+
+def sample_inputs(data: bytes, signature: dict[str, list[dict[str, Any]]]) -> dict[str, np.ndarray]:
+    """The feeds of ``sample_inputs.json``: ``{"inputs": [{"name", "datatype", "shape", "data"}, ...]}``, JSON data."""
+    try:
+        request = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise SampleInputsError(f"not valid JSON: {exc}") from None
+    items = request.get("inputs") if isinstance(request, dict) else None
+    if not isinstance(items, list) or not items:
+        raise SampleInputsError("it needs a non-empty 'inputs' list, as a /v2 inference request has")
+    expected = {spec["name"]: spec for spec in signature["inputs"]}
+    feeds: dict[str, np.ndarray] = {}
+    for item in items:
+        name, array = _sample_array(item, expected)
+        if name in feeds:
+            raise SampleInputsError(f"input '{printable(name)}' appears twice")
+        feeds[name] = array
+    missing = sorted(expected.keys() - feeds.keys())
+    if missing:
+        raise SampleInputsError(f"missing input(s): {', '.join(missing)}")
+    return feeds
+
+
 def _no_step(step: str) -> None:
     pass
 
@@ -300,12 +365,20 @@ def validate_bundle(
                 spec["name"] = printable(spec["name"])
     if result.errors:
         return result
-    result.errors += _run_once(model_path, result, memory_limit_bytes=memory_limit_bytes, on_step=on_step)
+    samples = bundle_dir / SAMPLE_INPUTS if SAMPLE_INPUTS in file_names else None
+    result.errors += _run_once(
+        model_path, result, memory_limit_bytes=memory_limit_bytes, on_step=on_step, samples=samples
+    )
     return result
 
 
 def _run_once(
-    model_path: Path, result: ValidationResult, *, memory_limit_bytes: int | None, on_step: Callable[[str], None]
+    model_path: Path,
+    result: ValidationResult,
+    *,
+    memory_limit_bytes: int | None,
+    on_step: Callable[[str], None],
+    samples: Path | None = None,
 ) -> list[str]:
     import onnxruntime as ort
 
@@ -322,6 +395,18 @@ def _run_once(
     except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
         _reraise_if_out_of_memory(exc)
         return [f"ONNX Runtime could not load the model: {_first_line(exc)}"]
+    if samples is not None:
+        try:
+            feeds = sample_inputs(samples.read_bytes(), result.signature)
+        except SampleInputsError as exc:
+            return [f"{SAMPLE_INPUTS}: {exc}"]
+        on_step(f"running the model once in ONNX Runtime on {SAMPLE_INPUTS}")
+        try:
+            session.run(None, feeds)
+        except Exception as exc:  # noqa: BLE001
+            _reraise_if_out_of_memory(exc)
+            return [f"ONNX Runtime could not run the model on {SAMPLE_INPUTS}: {_first_line(exc)}"]
+        return []
     needed, largest = synthetic_input_bytes(session)
     if memory_limit_bytes is not None and needed > memory_limit_bytes:
         # Refused before numpy tries: a fixed shape such as [2**40, 2**40] would need exabytes.
@@ -341,6 +426,15 @@ def _run_once(
         session.run(None, feeds)
     except Exception as exc:  # noqa: BLE001
         _reraise_if_out_of_memory(exc)
+        strings = [spec["name"] for spec in result.signature["inputs"] if spec["datatype"] == "BYTES"]
+        if strings:
+            # "a" in every string means nothing to a model that parses its strings: not the model's fault.
+            result.warnings.append(
+                f"the test run on synthetic inputs failed: {_first_line(exc)}. The model takes string input(s) "
+                f'{", ".join(printable(name) for name in strings)}, which validation fills with "a"; upload '
+                f"{SAMPLE_INPUTS} (a /v2 JSON inference request) with the version to test it on real inputs"
+            )
+            return []
         return [f"ONNX Runtime could not run the model on synthetic inputs: {_first_line(exc)}"]
     return []
 

@@ -217,6 +217,8 @@ class Server:
             str(self.port),
             "--workers",
             str(workers),
+            "--grpc-port",
+            str(free_port()),  # never 8001: CI runs this beside other servers; the run measures HTTP
             "--log-level",
             "warning",
         ]

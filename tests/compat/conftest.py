@@ -1,4 +1,4 @@
-"""The ``v2`` fixture: one real /v2 server for the whole package (``tests/support/v2server.py``).
+"""The ``v2`` fixture: one real /v2 and gRPC server for the whole package (``tests/support/v2server.py``).
 
 It serves models registered through the real services; the database is flushed afterwards, as a
 transactional test would leave it.
@@ -21,11 +21,22 @@ from django.db import connection
 from django.test import override_settings
 
 from inference.app import build_app
+from inference.dataplane import DataPlane
+from inference.grpc.server import GrpcServer
 from inference.runtime import InferenceRuntime
 from modelyard.env import StorageConfig
 from registry.models import RegisteredModel, Role
 from storage import get_storage
-from tests.support.v2server import HOST, MODELS, V2Server, make_actor, register, terminate_stray_backends, wait_loaded
+from tests.support.v2server import (
+    HOST,
+    MODELS,
+    V2Server,
+    make_actor,
+    register,
+    terminate_stray_backends,
+    wait_loaded,
+    with_grpc,
+)
 
 
 @pytest.fixture(scope="package")
@@ -80,7 +91,10 @@ def v2(compat_database: None, django_db_blocker: Any, tmp_path_factory: pytest.T
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((HOST, 0))
             port = sock.getsockname()[1]
-            config = uvicorn.Config(build_app(runtime), host=HOST, port=port, log_level="warning", lifespan="off")
+            plane = DataPlane(runtime)
+            grpc_server = GrpcServer(plane, host=HOST, port=0, reuse_port=False, max_message_bytes=4 * 1024**2)
+            app = with_grpc(build_app(runtime, plane=plane), grpc_server)  # gRPC on the loop that serves /v2
+            config = uvicorn.Config(app, host=HOST, port=port, log_level="warning", lifespan="on")
             server = uvicorn.Server(config)
             thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="v2-server", daemon=True)
             thread.start()
@@ -88,8 +102,10 @@ def v2(compat_database: None, django_db_blocker: Any, tmp_path_factory: pytest.T
             while not server.started:
                 assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
                 time.sleep(0.02)
+            assert grpc_server.port
             yield V2Server(
                 port=port,
+                grpc_port=grpc_server.port,
                 runtime=runtime,
                 model_bytes=model_bytes,
                 inference_token=inference_token,

@@ -405,8 +405,14 @@ def test_mangled_requests_never_get_a_500(v2: V2Server):
 @pytest.mark.parametrize(
     ("method", "path", "status", "message"),
     [
-        ("POST", "/v2/repository/index", 404, "no such endpoint: POST /v2/repository/index"),
-        ("GET", "/v2/models/adder/versions/1/stats", 404, "no such endpoint: GET /v2/models/adder/versions/1/stats"),
+        ("GET", "/v2/systemsharedmemory/status", 404, "no such endpoint: GET /v2/systemsharedmemory/status"),
+        (
+            "GET",
+            "/v2/models/adder/versions/1/trace/setting",
+            404,
+            "no such endpoint: GET /v2/models/adder/versions/1/trace/setting",
+        ),
+        ("GET", "/v2/repository/index", 405, "GET is not allowed on /v2/repository/index"),
         ("GET", "/v2/models/adder/", 404, "no such endpoint: GET /v2/models/adder/"),
         ("POST", "/v2/models/adder/infer/", 404, "no such endpoint: POST /v2/models/adder/infer/"),
         ("GET", "/v2/models/adder/infer", 405, "GET is not allowed on /v2/models/adder/infer"),

@@ -64,7 +64,7 @@ def served(tmp_path: Path) -> Iterator[tuple[dict[str, str], str]]:
     port = free_port()
     log = (tmp_path / "serve.log").open("w")
     server = subprocess.Popen(
-        [MODELYARD, "serve", "--port", str(port), "--log-level", "warning"],
+        [MODELYARD, "serve", "--port", str(port), "--grpc-port", str(free_port()), "--log-level", "warning"],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

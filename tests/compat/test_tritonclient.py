@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
-from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+from tritonclient.utils import InferenceServerException
 
 from tests.support.onnx_compat import DATATYPES
+from tests.support.tensors import assert_same, sample
 from tests.support.v2server import V2Server
 
 
@@ -20,38 +21,6 @@ from tests.support.v2server import V2Server
 def client(v2: V2Server) -> Iterator[httpclient.InferenceServerClient]:
     with httpclient.InferenceServerClient(v2.url) as triton:
         yield triton
-
-
-def as_bytes(array: np.ndarray) -> np.ndarray:
-    """ORT returns string tensors as ``str``; binary BYTES outputs arrive as ``bytes``."""
-    if array.dtype != np.object_:
-        return array
-    out = np.empty(array.shape, dtype=object)
-    out.flat[:] = [v.encode() if isinstance(v, str) else v for v in array.flat]
-    return out
-
-
-def assert_same(actual: np.ndarray, expected: np.ndarray) -> None:
-    assert actual.shape == expected.shape
-    assert actual.dtype == expected.dtype
-    np.testing.assert_array_equal(as_bytes(actual), as_bytes(expected))
-
-
-def sample(datatype: str, rows: int, seed: int = 0) -> np.ndarray:
-    """Values that use the type's range: negatives, large unsigned numbers, fractions, non-ASCII text."""
-    rng = np.random.default_rng(seed)
-    if datatype == "BOOL":
-        return rng.integers(0, 2, size=(rows, 3)).astype(bool)
-    if datatype == "BYTES":
-        words = ["", "a", "naïve", "日本語", "emoji 🚀", "tab\tand\nnewline", "x" * 300, "0"]
-        out = np.empty((rows, 3), dtype=object)
-        out.flat[:] = [words[int(i)] for i in rng.integers(0, len(words), size=rows * 3)]
-        return out
-    dtype = np.dtype(triton_to_np_dtype(datatype))
-    if dtype.kind == "f":
-        return (rng.standard_normal((rows, 3)) * 100).astype(dtype)
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max, size=(rows, 3), dtype=dtype, endpoint=True)
 
 
 def infer_input(name: str, array: np.ndarray, datatype: str, *, binary: bool) -> httpclient.InferInput:
@@ -252,9 +221,9 @@ def test_nan_in_json_input_is_refused_because_json_has_none(client):
 
 def test_an_endpoint_we_do_not_have_raises_our_message(client):
     with pytest.raises(InferenceServerException) as caught:
-        client.get_model_repository_index()
+        client.get_system_shared_memory_status()
     assert caught.value.status() == "404"
-    assert caught.value.message() == "no such endpoint: POST /v2/repository/index"
+    assert caught.value.message() == "no such endpoint: GET /v2/systemsharedmemory/status"
 
 
 def test_request_id_is_echoed(client):

@@ -254,6 +254,8 @@ def test_inference_has_http_and_grpc_services_a_disruption_budget_and_an_autosca
     [container] = pod_specs(base)["Deployment/modelyard-inference"]["containers"]
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert ports == {"http": 8000, "grpc": 8001}
+    served = parse_args(container["args"])  # what the container listens on is what it declares
+    assert (served.port, served.grpc_port) == (ports["http"], ports["grpc"])
     http = by_name(base, "Service", "modelyard-inference")
     grpc = by_name(base, "Service", "modelyard-inference-grpc")
     assert (http["spec"]["selector"], grpc["spec"]["selector"]) == (labels, labels)

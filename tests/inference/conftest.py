@@ -11,10 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 
 from registry.models import Role
 from tests.support.inference import AsgiLoop, BuildGate
 from tests.support.people import Person, make_person
+from tests.support.processes import ServeProcess, subprocess_database_url
+from tests.support.servers import inference_env
 
 
 @pytest.fixture
@@ -66,3 +69,39 @@ def asgi_loop() -> Iterator[AsgiLoop]:
     loop = AsgiLoop()
     yield loop
     loop.close()
+
+
+# --- Real serve processes -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator[Callable[..., ServeProcess]]:
+    """Start serve processes on the test database and artifact folder; all are killed at the end."""
+    started: list[ServeProcess] = []
+
+    def start(
+        name: str,
+        *,
+        role: str = "inference",
+        storage: Path | None = None,
+        database_url: str | None = None,
+        args: tuple[str, ...] = (),
+        wait: bool = True,
+        extra_env: dict[str, str] | None = None,
+    ) -> ServeProcess:
+        env = inference_env(
+            name,
+            tmp_path / f"{name}-data",
+            database_url or subprocess_database_url(),
+            storage or Path(django_settings.STORAGE.path),
+        )
+        env.update(extra_env or {})
+        server = ServeProcess(name, role, env, tmp_path / f"{name}.log", args=args)
+        started.append(server)
+        if wait:
+            server.wait_ready()
+        return server
+
+    yield start
+    for server in started:
+        server.kill()

@@ -150,7 +150,14 @@ def bare_plane(make_runtime) -> DataPlane:
 def test_server_metadata_live_and_ready(plane, make_runtime):
     metadata = plane.server_metadata()
     assert metadata["name"] == "modelyard"
-    assert metadata["extensions"] == ["binary_tensor_data", "model_configuration", "parameters"]
+    assert metadata["extensions"] == [
+        "binary_tensor_data",
+        "classification",
+        "model_configuration",
+        "model_repository",
+        "parameters",
+        "statistics",
+    ]
     assert (plane.live(), plane.ready()) == (True, True)
     # A runtime that has not read the desired state yet takes no traffic.
     assert DataPlane(make_runtime("not-synced")).ready() is False

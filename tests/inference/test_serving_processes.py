@@ -14,7 +14,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -22,49 +22,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from django.conf import settings as django_settings
 
 from registry.models import InferenceWorker
 from tests.support.inference import answered_bias, infer_body
 from tests.support.onnx_models import add_model_bytes
 from tests.support.polling import eventually
-from tests.support.processes import ServeProcess, subprocess_database_url
+from tests.support.processes import ServeProcess
 from tests.support.registry import artifact_path, create_model, promote, set_alias, set_served, upload_versions
 from tests.support.servers import Api, PrivatePostgres, createtoken, inference_env, is_ready, token_of
 
 INFER = "/v2/models/demo/infer"
 STAGING = "/v2/models/demo/versions/staging/infer"
-
-
-@pytest.fixture
-def start_server(tmp_path: Path) -> Iterator[Callable[..., ServeProcess]]:
-    """Start serve processes on the test database and artifact folder; all are killed at the end."""
-    started: list[ServeProcess] = []
-
-    def start(
-        name: str,
-        *,
-        role: str = "inference",
-        storage: Path | None = None,
-        database_url: str | None = None,
-        args: tuple[str, ...] = (),
-        wait: bool = True,
-    ) -> ServeProcess:
-        env = inference_env(
-            name,
-            tmp_path / f"{name}-data",
-            database_url or subprocess_database_url(),
-            storage or Path(django_settings.STORAGE.path),
-        )
-        server = ServeProcess(name, role, env, tmp_path / f"{name}.log", args=args)
-        started.append(server)
-        if wait:
-            server.wait_ready()
-        return server
-
-    yield start
-    for server in started:
-        server.kill()
 
 
 def infer(server: ServeProcess, x: np.ndarray, path: str = INFER) -> tuple[int, Any]:

@@ -35,8 +35,8 @@ def _model(graph: onnx.GraphProto) -> onnx.ModelProto:
     return model
 
 
-def all_datatypes_model() -> onnx.ModelProto:
-    """One input ``in_<type>`` and one output ``out_<type>`` of shape [N, 3] per datatype.
+def all_datatypes_model(leave_out: tuple[str, ...] = ()) -> onnx.ModelProto:
+    """One input ``in_<type>`` and one output ``out_<type>`` of shape [N, 3] per datatype (but those left out).
 
     Each row is reversed (a negative-step Slice), so every output differs from its input; numbers
     are then doubled (``Add(r, r)``, wrapping like the integer type does), booleans negated, and
@@ -50,6 +50,8 @@ def all_datatypes_model() -> onnx.ModelProto:
     ]
     nodes, inputs, outputs = [], [], []
     for datatype, elem in DATATYPES.items():
+        if datatype in leave_out:
+            continue
         name = datatype.lower()
         inputs.append(helper.make_tensor_value_info(f"in_{name}", elem, ["N", 3]))
         outputs.append(helper.make_tensor_value_info(f"out_{name}", elem, ["N", 3]))
@@ -111,3 +113,11 @@ def fixed_shape_model() -> onnx.ModelProto:
     one = numpy_helper.from_array(np.array(1, dtype=np.int64), "one")
     nodes = [helper.make_node("Add", ["a", "one"], ["s"]), helper.make_node("Cast", ["b"], ["t"], to=TensorProto.FLOAT)]
     return _model(helper.make_graph(nodes, "fixed", [a, b], [s, t], [one]))
+
+
+def identity_model(name: str, elem: int, rows: int | str = "N", width: int | None = None) -> onnx.ModelProto:
+    """``out`` = ``x``: FP32 scores [N, width] to classify, or one BYTES element per row ([N]) to echo."""
+    shape: list[int | str] = [rows] if width is None else [rows, width]
+    x = helper.make_tensor_value_info("x", elem, shape)
+    out = helper.make_tensor_value_info("out", elem, shape)
+    return _model(helper.make_graph([helper.make_node("Identity", ["x"], ["out"])], name, [x], [out]))

@@ -173,3 +173,19 @@ def huge_input_model() -> onnx.ModelProto:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2**40, 2**40])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2**40, 2**40])
     return _model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "huge", [x], [y]))
+
+
+def string_parsing_model() -> onnx.ModelProto:
+    """Like Triton's ``simple_string``: numbers sent as strings, parsed and summed per row.
+
+    text (STRING [N, 2]) -> sum (INT32 [N, 1]). ONNX Runtime's Cast cannot parse ``"a"``, so the
+    synthetic test run of validation fails on it; any numeric strings run.
+    """
+    text = helper.make_tensor_value_info("text", TensorProto.STRING, ["N", 2])
+    total = helper.make_tensor_value_info("sum", TensorProto.INT32, ["N", 1])
+    axes = numpy_helper.from_array(np.array([1], dtype=np.int64), "axes")
+    nodes = [
+        helper.make_node("Cast", ["text"], ["numbers"], to=TensorProto.INT32),
+        helper.make_node("ReduceSum", ["numbers", "axes"], ["sum"], keepdims=1),
+    ]
+    return _model(helper.make_graph(nodes, "simple_string", [text], [total], [axes]))

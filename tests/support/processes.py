@@ -61,8 +61,10 @@ class ServeProcess:
         self.role = role
         self.host = host
         self.port = free_port()
+        self.grpc_port = free_port()  # never the default 8001: tests (and other checkouts) run servers side by side
         self.log_path = log_path
         argv = [sys.executable, "-m", "modelyard.cli", "serve", "--role", role, "--port", str(self.port)]
+        argv += ["--grpc-port", str(self.grpc_port)]
         argv += ["--host", host, "--log-level", "warning", *args]
         if netns:  # a host of its own (tests/inference/test_fleet_hosts.py)
             argv = ["ip", "netns", "exec", netns, *argv]

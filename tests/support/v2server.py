@@ -3,7 +3,8 @@
 The ``v2`` fixture (tests/compat/conftest.py) builds one :class:`V2Server` for the whole package:
 models are uploaded (``version_upload``) and validated in-process, promoted to ``production`` by a
 maintainer and approved by an approver (and one served ``canary`` alias is made by an admin),
-loaded by an :class:`InferenceRuntime` and served by uvicorn in a background thread.
+loaded by an :class:`InferenceRuntime` and served by uvicorn in a background thread, with the gRPC
+server on uvicorn's event loop (as ``modelyard/asgi.py`` runs it) over the same data plane.
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ from typing import Any
 import onnx
 import onnxruntime as ort
 from django.db import connection
+from onnx import TensorProto
 
+from inference.grpc.server import GrpcServer
 from inference.runtime import InferenceRuntime, LoadedVersion
 from registry import promotions, services
 from registry.audit import Actor
 from registry.models import PRODUCTION, VersionStatus
 from registry.uploads import LocalUpload, version_upload
 from tests.support import onnx_compat
+from tests.support.onnx_models import string_parsing_model
 
 HOST = "127.0.0.1"
 
@@ -37,8 +41,10 @@ class ServedModel:
     production: int = 1
     served_aliases: dict[str, int] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    extras: tuple[tuple[str, bytes], ...] = ()  # files uploaded with each version, after the model
 
 
+LABELS = ("cat", "dog", "fox", "owl", "yak")
 MODELS = [
     ServedModel("dtypes", [onnx_compat.all_datatypes_model()]),
     ServedModel("multi", [onnx_compat.multi_io_dynamic_model()]),
@@ -49,6 +55,23 @@ MODELS = [
     ServedModel("gated", [onnx_compat.add_model(3.0)], settings={"max_queue_size": 1}),
     # Every input has a fixed shape: its body limit is what those inputs can need, not the global one.
     ServedModel("pinned", [onnx_compat.add_model(1.0, rows=2)]),
+    # Every datatype that has typed contents in gRPC (all but FP16).
+    ServedModel("typed", [onnx_compat.all_datatypes_model(leave_out=("FP16",))]),
+    # Scores to classify, with labels for its classes; and one BYTES element per row, for a raw binary request.
+    ServedModel(
+        "scores",
+        [onnx_compat.identity_model("scores", TensorProto.FLOAT, width=len(LABELS))],
+        extras=(("labels.txt", "\n".join(LABELS).encode() + b"\n"),),
+    ),
+    ServedModel("echo", [onnx_compat.identity_model("echo", TensorProto.STRING)]),
+    # Numbers as strings (Triton's simple_string): validation's synthetic "a" cannot run it, so it has a warning.
+    ServedModel("strings", [string_parsing_model()]),
+    # A batch that fills for a whole second: a request waiting in it counts against the queue of one.
+    ServedModel(
+        "slowfill",
+        [onnx_compat.add_model(4.0)],
+        settings={"max_queue_delay_us": 1_000_000, "max_queue_size": 1, "max_batch_size": 8},
+    ),
 ]
 
 
@@ -67,6 +90,7 @@ class V2Server:
     """The running server, the runtime behind it, and what was registered."""
 
     port: int
+    grpc_port: int
     runtime: InferenceRuntime
     model_bytes: dict[tuple[str, int], bytes]
     inference_token: str
@@ -77,6 +101,11 @@ class V2Server:
     def url(self) -> str:
         """What tritonclient takes: host:port, no scheme."""
         return f"{HOST}:{self.port}"
+
+    @property
+    def grpc_url(self) -> str:
+        """What tritonclient.grpc takes."""
+        return f"{HOST}:{self.grpc_port}"
 
     def reference(self, model: str, version: int = 1) -> ort.InferenceSession:
         """ONNX Runtime on the very bytes that were uploaded, to compare the server with."""
@@ -116,6 +145,26 @@ class V2Server:
         return response.body.decode()
 
 
+def with_grpc(app: Any, grpc_server: GrpcServer) -> Any:
+    """``app`` with a lifespan that starts and stops ``grpc_server`` on the server's loop, as modelyard.asgi does."""
+
+    async def served(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await app(scope, receive, send)
+            return
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await grpc_server.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await grpc_server.stop(0)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    return served
+
+
 def register(served: ServedModel, *, owner: Actor, approver: Actor, admin: Actor) -> dict[tuple[str, int], bytes]:
     model = services.model_create(name=served.name, description="compat test model", actor=owner)
     if served.settings:
@@ -124,7 +173,8 @@ def register(served: ServedModel, *, owner: Actor, approver: Actor, admin: Actor
     for proto in served.versions:
         data = proto.SerializeToString()
         # Outside any transaction: validated in-process as soon as the version is committed.
-        version = version_upload(model=model, source=LocalUpload([("model.onnx", data)]), actor=owner)
+        upload = LocalUpload([("model.onnx", data), *served.extras])
+        version = version_upload(model=model, source=upload, actor=owner)
         version.refresh_from_db()
         assert version.status == VersionStatus.READY, version.errors
         stored[(model.name, version.version)] = data

@@ -1,0 +1,140 @@
+"""gRPC messages to and from the data plane: the ``ModelInferRequest`` codec and the extensions' messages.
+
+Inputs come as ``raw_input_contents`` (one entry per input, the binary form of the REST extension;
+what tritonclient sends) or as typed ``contents``, and go through the same checks as a REST body
+(``inference.protocol``), so the two transports refuse the same request with the same words.
+Outputs go back raw when the inputs came raw, as Triton does (tritonclient reads only those), and
+typed otherwise, unless an output is FP16, which has no typed field: then every output goes raw.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from google.protobuf import json_format
+
+from inference.dataplane import InferResult
+from inference.errors import InvalidInput
+from inference.grpc import grpc_service_pb2 as pb
+from inference.protocol import (
+    InferRequest,
+    binary_output,
+    binary_tensor,
+    check_all_inputs,
+    check_input,
+    check_outputs,
+    check_scheduling,
+    output_datatype,
+    string_array,
+)
+from registry.serving import NUMPY_OF
+
+# The typed contents field of each datatype (FP16 has none: it travels raw only).
+CONTENTS = {
+    "BOOL": "bool_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
+
+
+def parameter(value: pb.InferParameter) -> Any:
+    """The one value an ``InferParameter`` holds, or None."""
+    which = value.WhichOneof("parameter_choice")
+    return getattr(value, which) if which else None
+
+
+def _typed(tensor: pb.ModelInferRequest.InferInputTensor, shape: list[int], count: int) -> np.ndarray:
+    name, datatype = tensor.name, tensor.datatype
+    field = CONTENTS.get(datatype)
+    if field is None:
+        raise InvalidInput(f"input '{name}': {datatype} has no typed contents field; send it in raw_input_contents")
+    if not tensor.HasField("contents"):
+        raise InvalidInput(f"input '{name}' has neither contents nor raw_input_contents")
+    values = getattr(tensor.contents, field)
+    if len(values) != count:
+        raise InvalidInput(f"input '{name}': shape {shape} needs {count} values, got {len(values)} in contents.{field}")
+    if datatype == "BYTES":
+        return string_array(name, list(values)).reshape(shape)
+    try:
+        return np.array(values, dtype=NUMPY_OF[datatype]).reshape(shape)
+    except OverflowError as exc:
+        raise InvalidInput(f"input '{name}': contents.{field} do not fit {datatype}: {exc}") from None
+
+
+def decode_infer_request(message: pb.ModelInferRequest, signature: dict[str, Any]) -> InferRequest:
+    """A ``ModelInferRequest`` checked against the version's signature, as ``decode_request`` checks a REST body."""
+    if not message.inputs:
+        raise InvalidInput("the request needs a non-empty 'inputs' list")
+    raw = message.raw_input_contents
+    if raw and len(raw) != len(message.inputs):
+        raise InvalidInput(
+            f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs: give one per input, "
+            "in the order of the inputs, or none"
+        )
+    expected = {spec["name"]: spec for spec in signature.get("inputs", [])}
+    inputs: dict[str, np.ndarray] = {}
+    for index, tensor in enumerate(message.inputs):
+        name = tensor.name
+        shape, count = check_input(name, tensor.datatype, list(tensor.shape), expected, inputs)
+        if raw:
+            if tensor.HasField("contents"):
+                raise InvalidInput(f"input '{name}' has contents as well as raw_input_contents; send one or the other")
+            inputs[name] = binary_tensor(
+                name, tensor.datatype, raw[index], shape, count, size_name="raw_input_contents of"
+            )
+        else:
+            inputs[name] = _typed(tensor, shape, count)
+    check_all_inputs(expected, inputs)
+    if message.outputs:
+        requested = [(o.name, {k: parameter(v) for k, v in o.parameters.items()}) for o in message.outputs]
+        outputs, classification = check_outputs(requested, signature)
+    else:
+        outputs, classification = [spec["name"] for spec in signature.get("outputs", [])], {}
+    parameters = message.parameters
+    priority = parameter(parameters["priority"]) if "priority" in parameters else 0
+    timeout = parameter(parameters["timeout"]) if "timeout" in parameters else None
+    priority, timeout_us = check_scheduling(priority, timeout)
+    return InferRequest(
+        id=message.id or None,
+        inputs=inputs,
+        outputs=outputs,
+        binary_outputs=set(outputs) if raw else set(),
+        signature=signature,
+        priority=priority,
+        timeout_us=timeout_us,
+        classification=classification,
+    )
+
+
+def encode_infer_response(result: InferResult, request: InferRequest) -> pb.ModelInferResponse:
+    """The outputs the request asked for, in its order: raw when its inputs were raw (or an output is FP16)."""
+    response = pb.ModelInferResponse(model_name=result.model, model_version=result.version, id=request.id or "")
+    arrays = [(name, result.outputs[name]) for name in request.outputs]
+    datatypes = [output_datatype(array) for _, array in arrays]
+    raw = bool(request.binary_outputs) or "FP16" in datatypes
+    for (name, array), datatype in zip(arrays, datatypes, strict=True):
+        tensor = response.outputs.add(name=name, datatype=datatype, shape=array.shape)
+        if raw:
+            response.raw_output_contents.append(binary_output(array, datatype))
+        elif datatype == "BYTES":
+            tensor.contents.bytes_contents.extend(
+                v if isinstance(v, bytes) else str(v).encode() for v in array.reshape(-1)
+            )
+        else:
+            getattr(tensor.contents, CONTENTS[datatype]).extend(array.reshape(-1).tolist())
+    return response
+
+
+def message_from_json(data: dict[str, Any], message: Any) -> Any:
+    """A message filled from the data plane's JSON answer (model config, statistics): the same fields, by name."""
+    return json_format.ParseDict(data, message)

@@ -1,0 +1,327 @@
+"""The gRPC server: ``inference.GRPCInferenceService`` over the same :class:`DataPlane` as the /v2 REST endpoints.
+
+Each RPC decodes its message (``inference.grpc.codec``), calls the data plane and encodes the
+answer; every refusal is a domain error of ``inference.errors``, turned into a status code by the
+one table below (as ``inference/app.py`` turns them into HTTP statuses). It runs with ``grpc.aio``
+on the event loop that serves /v2, so both transports share each version's batcher.
+
+- The bearer token travels as ``authorization`` metadata (``Bearer <token>``), checked as /v2 checks it.
+- A message larger than ``MODELYARD_GRPC_MAX_MESSAGE_BYTES`` is refused by gRPC itself with
+  ``RESOURCE_EXHAUSTED`` ("Received message larger than max"), before it reaches the servicer.
+- A client's deadline bounds its request's time in the batcher's queue (``DEADLINE_EXCEEDED``), and
+  a call the client cancels is dropped from the queue.
+- ``ModelStreamInfer`` runs up to ``MODELYARD_GRPC_STREAM_CONCURRENCY`` requests of one stream at
+  once and answers each as it completes; a refused request answers with ``error_message`` and the
+  stream goes on.
+- Retryable refusals carry ``retry-after`` trailing metadata (seconds), as REST's ``Retry-After``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, NoReturn
+
+import grpc
+from django.conf import settings
+
+from inference.dataplane import OUT_OF_MEMORY, DataPlane
+from inference.errors import (
+    BodyTimeout,
+    BodyTooLarge,
+    ClientGone,
+    DeviceFailed,
+    InferenceError,
+    InferenceFailed,
+    InvalidInput,
+    ModelNotFound,
+    ModelNotReady,
+    OutOfMemory,
+    Overloaded,
+    RateLimited,
+    RepositoryReadOnly,
+    RequestTimeout,
+    Unauthorised,
+    UnsupportedEncoding,
+)
+from inference.grpc import grpc_service_pb2 as pb
+from inference.grpc import grpc_service_pb2_grpc as pb_grpc
+from inference.grpc.codec import decode_infer_request, encode_infer_response, message_from_json
+from registry import serving
+
+__all__ = ["STATUS", "GrpcServer", "GrpcUnavailable", "InferenceServicer", "status_for"]
+
+logger = logging.getLogger(__name__)
+
+# Each domain error's status code, and whether the answer says when to retry (retry-after metadata).
+STATUS: dict[type[InferenceError], tuple[grpc.StatusCode, bool]] = {
+    InvalidInput: (grpc.StatusCode.INVALID_ARGUMENT, False),
+    InferenceFailed: (grpc.StatusCode.INVALID_ARGUMENT, False),
+    UnsupportedEncoding: (grpc.StatusCode.INVALID_ARGUMENT, False),
+    RepositoryReadOnly: (grpc.StatusCode.FAILED_PRECONDITION, False),
+    Unauthorised: (grpc.StatusCode.UNAUTHENTICATED, False),
+    ModelNotFound: (grpc.StatusCode.NOT_FOUND, False),
+    BodyTooLarge: (grpc.StatusCode.RESOURCE_EXHAUSTED, False),
+    RateLimited: (grpc.StatusCode.RESOURCE_EXHAUSTED, True),
+    ClientGone: (grpc.StatusCode.CANCELLED, False),
+    ModelNotReady: (grpc.StatusCode.UNAVAILABLE, True),
+    Overloaded: (grpc.StatusCode.UNAVAILABLE, True),
+    OutOfMemory: (grpc.StatusCode.UNAVAILABLE, True),
+    DeviceFailed: (grpc.StatusCode.INTERNAL, False),
+    BodyTimeout: (grpc.StatusCode.DEADLINE_EXCEEDED, False),
+    RequestTimeout: (grpc.StatusCode.DEADLINE_EXCEEDED, False),
+}
+
+
+def status_for(exc: InferenceError) -> tuple[grpc.StatusCode, bool]:
+    return next(STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS)
+
+
+class GrpcUnavailable(RuntimeError):
+    """The gRPC server could not start (its port is taken, or its address is not this host's)."""
+
+
+def _metadata(context: grpc.aio.ServicerContext, key: str) -> str:
+    for item in context.invocation_metadata() or ():
+        if item.key == key:
+            value = item.value
+            return value.decode(errors="replace") if isinstance(value, bytes) else value
+    return ""
+
+
+def _peer_address(context: grpc.aio.ServicerContext) -> str:
+    """``ipv4:10.0.0.7:51234`` or ``ipv6:[::1]:51234`` -> the address alone."""
+    peer = context.peer() or ""
+    address = peer.split(":", 1)[1] if ":" in peer else peer
+    address = address.rsplit(":", 1)[0] if ":" in address else address
+    return address.strip("[]")
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """The RPCs of ``inference.GRPCInferenceService``, a few lines each around the data plane."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, exc: InferenceError) -> NoReturn:
+        code, retry = status_for(exc)
+        if retry:
+            seconds = str(exc.retry_after) if isinstance(exc, RateLimited) else "1"
+            context.set_trailing_metadata((("retry-after", seconds),))
+        await context.abort(code, exc.message)  # raises grpc.aio.AbortError, which ends the call
+        raise AssertionError("context.abort() returned")
+
+    async def _authorise(self, context: grpc.aio.ServicerContext) -> str:
+        token = ""
+        if self.plane.needs_token:
+            token = serving.bearer_token(_metadata(context, "authorization")) or ""
+        await self.plane.authorise(token)
+        return token
+
+    # --- server --------------------------------------------------------------------------------
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.plane.live())
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.plane.ready())
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
+        metadata = self.plane.server_metadata()
+        return pb.ServerMetadataResponse(
+            name=metadata["name"], version=metadata["version"], extensions=metadata["extensions"]
+        )
+
+    # --- models --------------------------------------------------------------------------------
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        try:
+            await self._authorise(context)
+            self.plane.model_ready(request.name, request.version or None)
+        except (ModelNotFound, ModelNotReady):
+            return pb.ModelReadyResponse(ready=False)
+        except InferenceError as exc:
+            await self._refuse(context, exc)
+        return pb.ModelReadyResponse(ready=True)
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        try:
+            await self._authorise(context)
+            metadata = self.plane.model_metadata(request.name, request.version or None)
+        except InferenceError as exc:
+            await self._refuse(context, exc)
+        tensors = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=metadata["name"],
+            versions=metadata["versions"],
+            platform=metadata["platform"],
+            inputs=[
+                tensors(name=t["name"], datatype=t["datatype"], shape=t.get("shape") or []) for t in metadata["inputs"]
+            ],
+            outputs=[
+                tensors(name=t["name"], datatype=t["datatype"], shape=t.get("shape") or []) for t in metadata["outputs"]
+            ],
+        )
+
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        try:
+            await self._authorise(context)
+            config = self.plane.model_config(request.name, request.version or None)
+        except InferenceError as exc:
+            await self._refuse(context, exc)
+        return pb.ModelConfigResponse(config=message_from_json(config, pb.ModelConfig()))
+
+    # --- inference -----------------------------------------------------------------------------
+
+    async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        plane = self.plane
+        model, ref = request.model_name, request.model_version or None
+        token = await self._authorise(context)
+        if settings.V2_RATE is not None:  # the address costs a parse; only a rate limit needs it
+            address = serving.caller_address(_peer_address(context), _metadata(context, "x-forwarded-for"))
+            plane.throttle(token=token, address=address)
+        served = plane.resolve(model, ref)
+        try:
+            decoded = decode_infer_request(request, served.spec.signature)
+        except MemoryError:
+            raise OutOfMemory(OUT_OF_MEMORY) from None
+        remaining = context.time_remaining()
+        if remaining is not None:  # nobody waits past the client's deadline: neither need the queue
+            deadline_us = max(1, int(remaining * 1e6))
+            decoded.timeout_us = min(decoded.timeout_us or deadline_us, deadline_us)
+        result = await plane.infer(model, ref, decoded)
+        return encode_infer_response(result, decoded)
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        try:
+            return await self._infer(request, context)
+        except InferenceError as exc:
+            await self._refuse(context, exc)
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        try:
+            await self._authorise(context)
+        except InferenceError as exc:
+            await self._refuse(context, exc)
+        answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(settings.GRPC_STREAM_CONCURRENCY)
+
+        async def one(request: pb.ModelInferRequest) -> None:
+            try:
+                answer = pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
+            except InferenceError as exc:
+                answer = pb.ModelStreamInferResponse(
+                    error_message=exc.message, infer_response=pb.ModelInferResponse(id=request.id)
+                )
+            finally:
+                slots.release()
+            answers.put_nowait(answer)
+
+        async def read() -> None:
+            running: set[asyncio.Task[None]] = set()
+            try:
+                async for request in request_iterator:
+                    await slots.acquire()  # at most so many in flight: the client waits, by flow control
+                    task = asyncio.ensure_future(one(request))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+                if running:
+                    await asyncio.gather(*running)
+            finally:
+                for task in running:
+                    task.cancel()
+                answers.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (answer := await answers.get()) is not None:
+                yield answer
+            await reader  # raises what broke the reading, if anything
+        finally:
+            reader.cancel()
+
+    # --- extensions ----------------------------------------------------------------------------
+
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> pb.ModelStatisticsResponse:
+        try:
+            await self._authorise(context)
+            statistics = self.plane.statistics(request.name or None, request.version or None)
+        except InferenceError as exc:
+            await self._refuse(context, exc)
+        return message_from_json(statistics, pb.ModelStatisticsResponse())
+
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
+        try:
+            await self._authorise(context)
+        except InferenceError as exc:
+            await self._refuse(context, exc)
+        models = self.plane.repository_index(ready_only=request.ready)
+        return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**item) for item in models])
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        try:
+            await self._authorise(context)
+            self.plane.repository_control(request.model_name, "load")
+        except InferenceError as exc:
+            await self._refuse(context, exc)
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        try:
+            await self._authorise(context)
+            self.plane.repository_control(request.model_name, "unload")
+        except InferenceError as exc:
+            await self._refuse(context, exc)
+
+
+class GrpcServer:
+    """``grpc.aio`` serving :class:`InferenceServicer` on one address; started and stopped on the serving loop.
+
+    ``reuse_port``: bind with SO_REUSEPORT, so that every worker process of one ``modelyard serve
+    --workers N`` serves the port and the kernel spreads connections among them. Without it the
+    port is this process's alone, and a port already taken stops the start instead of sharing it.
+    """
+
+    def __init__(self, plane: DataPlane, *, host: str, port: int, reuse_port: bool, max_message_bytes: int) -> None:
+        self.plane = plane
+        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        self.reuse_port = reuse_port
+        self.max_message_bytes = max_message_bytes
+        self.port: int | None = None
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> int:
+        """Listen and serve; returns the port (the one the system chose for port 0). Raises :class:`GrpcUnavailable`."""
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", self.max_message_bytes),
+                ("grpc.max_send_message_length", -1),
+                ("grpc.so_reuseport", 1 if self.reuse_port else 0),
+            ]
+        )
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.plane), server)
+        try:
+            port = server.add_insecure_port(self.address)
+        except RuntimeError:
+            port = 0
+        if not port:
+            raise GrpcUnavailable(
+                f"gRPC cannot listen on {self.address} (MODELYARD_GRPC_PORT, modelyard serve --grpc-port): "
+                "the port is taken or the address is not this host's; 0 turns gRPC off"
+            )
+        await server.start()
+        self._server, self.port = server, port
+        logger.info("gRPC (inference.GRPCInferenceService) on %s", self.address.rsplit(":", 1)[0] + f":{port}")
+        return port
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop taking calls; calls in flight get ``grace`` seconds to finish."""
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
