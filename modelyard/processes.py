@@ -19,10 +19,13 @@ def kill_group(process: subprocess.Popen[Any], *, timeout: float | None = None) 
 
     No warm shutdown: nothing the group started survives, and nothing it would do on the way out
     (acknowledge a task, say) happens. ``timeout`` bounds the wait for the leader to be reaped.
+
+    The group is killed even when its leader has already exited: what the leader left running in
+    the background (a shell's ``server &``) is still in the group. Linux hands out no new process
+    with that id while the group has members, so the signal reaches only them.
     """
-    if process.poll() is None:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # the leader and everything it started are gone
     process.wait(timeout=timeout)

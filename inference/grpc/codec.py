@@ -66,7 +66,9 @@ def _typed(tensor: pb.ModelInferRequest.InferInputTensor, shape: list[int], coun
     if datatype == "BYTES":
         return string_array(name, list(values)).reshape(shape)
     try:
-        return np.array(values, dtype=NUMPY_OF[datatype]).reshape(shape)
+        # From a list of Python numbers, so that a value out of the dtype's range raises: numpy reads
+        # protobuf 7's repeated containers through the buffer protocol and would wrap 300 to 44 in INT8.
+        return np.array(list(values), dtype=NUMPY_OF[datatype]).reshape(shape)
     except OverflowError as exc:
         raise InvalidInput(f"input '{name}': contents.{field} do not fit {datatype}: {exc}") from None
 

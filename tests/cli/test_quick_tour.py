@@ -1,7 +1,8 @@
 """The README's quick tour, run literally: its commands as they are written, in order, in a folder of their own.
 
 The only things this test chooses are what the tour itself reads from the environment: ``PORT``
-(a free one), and ``HOME``/``XDG_CONFIG_HOME`` (so the profiles it saves land in a temporary
+and ``MODELYARD_GRPC_PORT`` (free ones, so tours run side by side), and ``HOME``/``XDG_CONFIG_HOME``
+(so the profiles it saves land in a temporary
 folder). The folder holds what a fresh clone's tour touches (the Makefile, pyproject.toml and
 scripts/), and the venv ``make install`` made, so that ``make install`` finds nothing to do.
 """
@@ -33,7 +34,12 @@ def test_the_readme_quick_tour_runs_as_written(tmp_path):
     for name in ("Makefile", "pyproject.toml", "scripts", ".venv"):
         (clone / name).symlink_to(ROOT / name)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MODELYARD_", "DJANGO_"))}
-    env.update(PORT=str(free_port()), HOME=str(tmp_path / "home"), XDG_CONFIG_HOME=str(tmp_path / "home" / ".config"))
+    env.update(
+        PORT=str(free_port()),
+        MODELYARD_GRPC_PORT=str(free_port()),
+        HOME=str(tmp_path / "home"),
+        XDG_CONFIG_HOME=str(tmp_path / "home" / ".config"),
+    )
     up_to_date = subprocess.run(["make", "-q", "install"], cwd=clone, env=env, capture_output=True)
     assert up_to_date.returncode == 0, "the venv is older than pyproject.toml: run `make install` first"
 

@@ -47,7 +47,17 @@ class EmbeddedServer:
         self.log_path = log_path
         with log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                [MODELYARD, "serve", "--port", str(self.port), "--log-level", "warning"],
+                # gRPC never on the default 8001: tests (and other checkouts) run servers side by side
+                [
+                    MODELYARD,
+                    "serve",
+                    "--port",
+                    str(self.port),
+                    "--grpc-port",
+                    str(free_port()),
+                    "--log-level",
+                    "warning",
+                ],
                 env=env,
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,
