@@ -357,3 +357,15 @@ def test_grpc_takes_text_as_bytes_contents_and_as_raw_input_contents(owner, appr
         assert_matches_direct(result, SHORT)
     metadata_inputs = [spec["name"] for spec in plane.model_metadata("demo")["inputs"]]
     assert "text" in metadata_inputs
+
+
+def test_losing_the_text_input_breaks_clients_and_gaining_it_does_not(owner):
+    from registry.signatures import signature_compare, signature_diff
+
+    create_model(owner)
+    with_text = upload_text_version(owner)["signature"]
+    tokens_only = {key: with_text[key] for key in ("inputs", "outputs")}
+    assert signature_diff(with_text, tokens_only) == ["input 'text' was removed"]
+    assert signature_diff(tokens_only, with_text) == []
+    rows = {(row.kind, row.name): row.change for row in signature_compare(tokens_only, with_text)}
+    assert rows[("input", "text")] == "added"
