@@ -91,6 +91,9 @@ def _signature(version: Version) -> None:
     for kind in ("inputs", "outputs"):
         for spec in version.signature.get(kind) or []:
             print(f"  {kind[:-1]:<7} {spec['name']}  {spec['datatype']}  {spec['shape']}")
+        text = version.signature.get("text")
+        if kind == "inputs" and text:  # the version has a tokenizer.json: raw text instead of the token inputs
+            print(f"  {'input':<7} {text['name']}  {text['datatype']}  {text['shape']}  (text, by {text['tokenizer']})")
 
 
 def _one_line(text: str) -> str:
