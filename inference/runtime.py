@@ -410,6 +410,7 @@ class InferenceRuntime:
                 max_bytes=settings.TOKENIZER_MAX_BYTES,
                 max_tokens=settings.TEXT_MAX_TOKENS,
                 truncate=settings.TEXT_TRUNCATE,
+                max_texts=settings.TEXT_MAX_TEXTS,
             )
         loaded = LoadedVersion(
             spec,

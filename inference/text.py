@@ -61,6 +61,7 @@ class TextEncoder:
         pad_id: int,
         max_tokens: int,
         truncate: bool,
+        max_texts: int = 1024,
         sequence_outputs: frozenset[str] = frozenset(),
     ) -> None:
         self.tokenizer = tokenizer
@@ -70,13 +71,22 @@ class TextEncoder:
         limits = [n for n in (self.fixed_length, spec.get("max_tokens"), max_tokens) if n]
         self.max_tokens = min(limits)
         self.truncate = truncate
+        self.max_texts = max_texts
         self.sequence_outputs = sequence_outputs
         # The library truncates (keeping [CLS] and [SEP]) and keeps what it cut in ``overflowing``.
         tokenizer.enable_truncation(self.max_tokens)
 
     @classmethod
     def load(
-        cls, folder: Path, spec: dict[str, Any], session: Any, *, max_bytes: int, max_tokens: int, truncate: bool
+        cls,
+        folder: Path,
+        spec: dict[str, Any],
+        session: Any,
+        *,
+        max_bytes: int,
+        max_tokens: int,
+        truncate: bool,
+        max_texts: int,
     ) -> TextEncoder:
         """Read ``tokenizer.json`` of a version's files; raises :class:`TokenizerError` with the reason."""
         tokenizer, pad_id, _own_length = load_tokenizer(folder / TOKENIZER_FILE, max_bytes=max_bytes)
@@ -87,6 +97,7 @@ class TextEncoder:
                 pad_id=pad_id,
                 max_tokens=max_tokens,
                 truncate=truncate,
+                max_texts=max_texts,
                 sequence_outputs=sequence_outputs(session),
             )
         except Exception as exc:  # noqa: BLE001 - e.g. a limit shorter than the tokenizer's special tokens
@@ -94,6 +105,12 @@ class TextEncoder:
 
     def encode(self, texts: np.ndarray) -> Encoded:
         """Token inputs for the ``text`` input of one request; :class:`InvalidInput` for what cannot be served."""
+        if texts.size > self.max_texts:
+            # Each text becomes up to max_tokens ids in every token input: a bound on what one request allocates.
+            raise InvalidInput(
+                f"input '{TEXT_INPUT}' has {texts.size} texts, more than the {self.max_texts} one request may "
+                "have (MODELYARD_TEXT_MAX_TEXTS)"
+            )
         flat = [str(text) for text in texts.reshape(-1)]
         if not flat:
             raise InvalidInput(f"input '{TEXT_INPUT}' has no texts")

@@ -363,6 +363,8 @@ GRPC_REUSE_PORT = env_bool("MODELYARD_GRPC_REUSE_PORT", False)
 # own truncation length, whichever is shortest) is truncated, or refused with a 400 when truncation is off.
 TEXT_MAX_TOKENS = env_int("MODELYARD_TEXT_MAX_TOKENS", 512, minimum=8)
 TEXT_TRUNCATE = env_bool("MODELYARD_TEXT_TRUNCATE", True)
+# Texts in one request: each becomes up to TEXT_MAX_TOKENS ids in every token input (1024 x 512 x 3 int64 = 12 MiB).
+TEXT_MAX_TEXTS = env_int("MODELYARD_TEXT_MAX_TEXTS", 1024, minimum=1)
 GRPC_MAX_MESSAGE_BYTES = env_int("MODELYARD_GRPC_MAX_MESSAGE_BYTES", V2_MAX_BODY_BYTES, minimum=1024)
 # Requests of one ModelStreamInfer stream in flight at once; the client's further requests wait (flow control).
 GRPC_STREAM_CONCURRENCY = env_int("MODELYARD_GRPC_STREAM_CONCURRENCY", 64, minimum=1)

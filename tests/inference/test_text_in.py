@@ -234,15 +234,28 @@ def test_text_over_the_token_limit_is_truncated_or_refused(owner, approver, make
     assert result.outputs["token_embeddings"].shape == (3, 8, 4)
     assert_matches_direct(result, LONG + SHORT, own_length=8)  # the tokenizer truncates, keeping [SEP]
 
-    loaded.text.truncate = False  # as MODELYARD_TEXT_TRUNCATE=false makes it at load
+    assert bucket(3, 512) == 8 and bucket(9, 512) == 16 and bucket(300, 512) == 512 and bucket(9, 12) == 12
+
+
+def test_with_truncation_off_a_long_text_is_refused_and_so_are_too_many_texts(
+    owner, approver, make_runtime, run, settings
+):
+    settings.TEXT_MAX_TOKENS, settings.TEXT_TRUNCATE, settings.TEXT_MAX_TEXTS = 8, False, 2
+    plane = serve(owner, approver, make_runtime)
+    loaded = plane.resolve("demo")
     with pytest.raises(InvalidInput) as refused:
-        run(plane.infer("demo", None, text_request(loaded, SHORT + LONG)))
+        run(plane.infer("demo", None, text_request(loaded, SHORT[:1] + LONG)))
     assert refused.value.message == (
-        "input 'text': text 2 has more than 8 tokens, the limit of this version (the least of "
+        "input 'text': text 1 has more than 8 tokens, the limit of this version (the least of "
         "MODELYARD_TEXT_MAX_TOKENS, the model's sequence length and the tokenizer's own); truncation is off "
         "(MODELYARD_TEXT_TRUNCATE=false)"
     )
-    assert bucket(3, 512) == 8 and bucket(9, 512) == 16 and bucket(300, 512) == 512 and bucket(9, 12) == 12
+    with pytest.raises(InvalidInput) as refused:
+        run(plane.infer("demo", None, text_request(loaded, SHORT + SHORT[:1])))
+    assert refused.value.message == (
+        "input 'text' has 3 texts, more than the 2 one request may have (MODELYARD_TEXT_MAX_TEXTS)"
+    )
+    assert_matches_direct(run(plane.infer("demo", None, text_request(loaded, SHORT))), SHORT)  # within both limits
 
 
 def test_a_fixed_length_model_pads_every_text_to_it(owner, approver, make_runtime, run, monkeypatch):
