@@ -306,7 +306,7 @@ def check_input(
         if name == TEXT_INPUT:
             raise InvalidInput(
                 f"input '{name}' needs a version uploaded with a {TOKENIZER_FILE}, and this one has none; "
-                f"send its token inputs ({', '.join(sorted(expected)) or 'none'})"
+                f"send its inputs ({', '.join(sorted(expected)) or 'none'})"
             )
         raise InvalidInput(f"unknown input '{name}'; the model takes {', '.join(sorted(expected)) or 'none'}")
     if name in seen:

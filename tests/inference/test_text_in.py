@@ -313,7 +313,7 @@ def test_text_on_a_version_without_a_tokenizer_is_refused(owner):
     with pytest.raises(InvalidInput) as refused:
         decode_request(json.dumps(body).encode(), None, signature)
     assert refused.value.message == (
-        "input 'text' needs a version uploaded with a tokenizer.json, and this one has none; send its token inputs (x)"
+        "input 'text' needs a version uploaded with a tokenizer.json, and this one has none; send its inputs (x)"
     )
 
 
