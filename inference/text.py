@@ -114,8 +114,8 @@ class TextEncoder:
         flat = [str(text) for text in texts.reshape(-1)]
         if not flat:
             raise InvalidInput(f"input '{TEXT_INPUT}' has no texts")
-        # One by one: encode_batch would spread the texts over a thread pool of its own, which competes
-        # with ONNX Runtime's threads for the same cores (measured slower in bench/text.py).
+        # One by one: encode_batch would spread the texts over a thread pool of its own, which would compete
+        # with ONNX Runtime's threads for the same cores.
         encode = self.tokenizer.encode
         encodings = [encode(text) for text in flat]
         if not self.truncate:
