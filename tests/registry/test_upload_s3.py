@@ -28,9 +28,7 @@ def test_upload_to_s3_stores_exact_bytes_under_the_prefix_and_ends_ready(
     weights = (tmp_path / "bundle" / "weights.bin").read_bytes()
     tokenizer = b'{"vocab": ["a", "b"]}'
 
-    response = owner.upload(
-        registered, [("model.onnx", model), ("weights.bin", weights), ("vocab.json", tokenizer)]
-    )
+    response = owner.upload(registered, [("model.onnx", model), ("weights.bin", weights), ("vocab.json", tokenizer)])
 
     assert response.status_code == 201, response.content
     body = owner.get(f"/api/v1/models/{registered}/versions/1").json()
