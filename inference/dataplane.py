@@ -31,6 +31,7 @@ from inference.classification import classify
 from inference.errors import (
     ClientGone,
     InferenceError,
+    InvalidInput,
     ModelNotFound,
     ModelNotReady,
     Overloaded,
@@ -42,6 +43,7 @@ from inference.errors import (
 )
 from inference.protocol import BodyLimit, InferRequest
 from inference.runtime import InferenceRuntime, LoadedVersion, NotLoaded
+from inference.text import TEXT_INPUT
 from inference.throttle import Throttle, retry_after
 
 PLATFORM = "onnxruntime_onnx"
@@ -88,6 +90,15 @@ def _config_tensor(spec: dict[str, Any], batched: bool) -> dict[str, Any]:
         "data_type": _TRITON_TYPES.get(datatype, f"TYPE_{datatype}"),
         "dims": shape[1:] if batched else shape,
     }
+
+
+def served_inputs(signature: dict[str, Any]) -> list[dict[str, Any]]:
+    """The model's inputs, then ``text`` (BYTES) when the version has a tokenizer: what a client may send."""
+    inputs = list(signature.get("inputs", []))
+    text = signature.get("text")
+    if text is not None:
+        inputs.append({"name": text["name"], "datatype": text["datatype"], "shape": text["shape"]})
+    return inputs
 
 
 def _discard(awaitable: Coroutine[Any, Any, object] | None) -> None:
@@ -198,7 +209,7 @@ class DataPlane:
             "name": spec.model,
             "versions": versions,
             "platform": PLATFORM,
-            "inputs": spec.signature.get("inputs", []),
+            "inputs": served_inputs(spec.signature),
             "outputs": spec.signature.get("outputs", []),
         }
 
@@ -321,9 +332,31 @@ class DataPlane:
         request: InferRequest,
         client_gone: Coroutine[Any, Any, object] | None,
     ) -> dict[str, np.ndarray]:
+        """Tokenise a ``text`` request (``inference/text.py``), then run it and hand back its outputs."""
+        text = request.inputs.get(TEXT_INPUT) if "text" in request.signature else None
+        if text is None:
+            return await self._submit(loaded, request.inputs, request, client_gone)
+        encoder = loaded.text
+        try:
+            if encoder is None:  # a signature with text always loads its tokenizer; never trust that blindly
+                raise InvalidInput(f"model '{loaded.spec.model}' version {loaded.spec.version} takes no text")
+            encoded = await encoder.encode_async(text)
+        except BaseException:
+            _discard(client_gone)
+            raise
+        values = await self._submit(loaded, encoded.feeds, request, client_gone)
+        return encoder.unpad(values, encoded)
+
+    async def _submit(
+        self,
+        loaded: LoadedVersion,
+        feeds: dict[str, np.ndarray],
+        request: InferRequest,
+        client_gone: Coroutine[Any, Any, object] | None,
+    ) -> dict[str, np.ndarray]:
         """Submit to the version's batcher and wait for the outputs, or for the client to go away."""
         try:
-            future = loaded.batcher.submit(request.inputs, priority=request.priority, timeout_us=request.timeout_us)
+            future = loaded.batcher.submit(feeds, priority=request.priority, timeout_us=request.timeout_us)
         except Overloaded as exc:
             _discard(client_gone)
             raise Overloaded(f"model '{loaded.spec.model}' is overloaded: {exc}") from None

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from inference.errors import BodyTooLarge, InvalidInput, UnsupportedEncoding
-from registry.serving import NUMPY_OF
+from registry.serving import NUMPY_OF, TEXT_INPUT, TOKENIZER_FILE
 
 HEADER_LENGTH = "inference-header-content-length"
 MAX_ELEMENTS = 1 << 31
@@ -74,6 +74,8 @@ def body_limit(model: str, signature: dict[str, Any], default: int) -> BodyLimit
     global_limit = BodyLimit(default, "MODELYARD_V2_MAX_BODY_BYTES")
     inputs = signature.get("inputs") or []
     need = HEADER_ALLOWANCE
+    if "text" in signature:
+        return global_limit  # one text may be any length: it is truncated to tokens after it has arrived
     for spec in inputs:
         shape = spec.get("shape")
         if spec.get("datatype") == "BYTES" or not isinstance(shape, list) or any(d < 0 for d in shape):
@@ -286,12 +288,26 @@ def _parameters(item: dict[str, Any], what: str) -> dict[str, Any]:
 # --- Checks every transport shares (the REST body here, gRPC messages in inference/grpc/codec.py) ------------
 
 
+def expected_inputs(signature: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The inputs a request may send, by name: the model's, and ``text`` when the version has a tokenizer."""
+    expected = {spec["name"]: spec for spec in signature.get("inputs", [])}
+    text = signature.get("text")
+    if text is not None:
+        expected[text["name"]] = text
+    return expected
+
+
 def check_input(
     name: str, datatype: Any, shape: Any, expected: dict[str, dict[str, Any]], seen: Container[str]
 ) -> tuple[list[int], int]:
     """An input's datatype and shape against the signature; returns the shape and its element count."""
     spec = expected.get(name)
     if spec is None:
+        if name == TEXT_INPUT:
+            raise InvalidInput(
+                f"input '{name}' needs a version uploaded with a {TOKENIZER_FILE}, and this one has none; "
+                f"send its inputs ({', '.join(sorted(expected)) or 'none'})"
+            )
         raise InvalidInput(f"unknown input '{name}'; the model takes {', '.join(sorted(expected)) or 'none'}")
     if name in seen:
         raise InvalidInput(f"input '{name}' appears twice")
@@ -301,6 +317,8 @@ def check_input(
         raise InvalidInput(f"input '{name}': expected datatype {spec['datatype']}, got {datatype}")
     shape = _shape(name, shape)
     want = spec.get("shape")
+    if "tokenizer" in spec and want is not None and len(shape) == len(want) + 1 and shape[-1] == 1:
+        want = [*want, 1]  # texts as [n, 1] too: the way a batching client shapes one string per row
     if want is not None and (
         len(want) != len(shape) or any(w not in (-1, s) for w, s in zip(want, shape, strict=True))
     ):
@@ -309,7 +327,19 @@ def check_input(
 
 
 def check_all_inputs(expected: dict[str, dict[str, Any]], inputs: dict[str, np.ndarray]) -> None:
-    missing = sorted(expected.keys() - inputs.keys())
+    """Every input the model needs is there; or ``text`` is, alone, with at least one text."""
+    text = next((spec for spec in expected.values() if "tokenizer" in spec), None)
+    if text is not None and text["name"] in inputs:
+        others = sorted(inputs.keys() - {text["name"]})
+        if others:
+            raise InvalidInput(
+                f"input '{text['name']}' takes the place of the token inputs; send it alone, or the token inputs "
+                f"without it (got {', '.join(others)} too)"
+            )
+        if inputs[text["name"]].size == 0:
+            raise InvalidInput(f"input '{text['name']}' has no texts")
+        return
+    missing = sorted(expected.keys() - inputs.keys() - ({text["name"]} if text else set()))
     if missing:
         raise InvalidInput(f"missing input(s): {', '.join(missing)}")
 
@@ -371,7 +401,7 @@ def decode_request(body: bytes | bytearray, header_length: str | None, signature
     if header_length is not None and header_length.strip() == "0":
         return decode_raw_request(body, signature)
     header, binary = split_body(body, header_length)
-    expected = {spec["name"]: spec for spec in signature.get("inputs", [])}
+    expected = expected_inputs(signature)
     raw_inputs = header.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise InvalidInput("the request needs a non-empty 'inputs' list")

@@ -30,6 +30,7 @@ from inference.errors import InferenceError
 from inference.protocol import BodyLimit, body_limit, can_batch, decode_request
 from inference.sessions import build_session, device_description
 from inference.statistics import VersionStats
+from inference.text import TOKENIZER_FILE, TextEncoder
 from inference.traffic import Traffic
 from registry import serving
 from registry.serving import PRODUCTION, DesiredState, LoadedRow, LoadState, VersionSpec
@@ -65,6 +66,7 @@ class LoadedVersion:
         memory_bytes: int,
         note: str = "",
         labels: tuple[str, ...] = (),
+        text: TextEncoder | None = None,
     ) -> None:
         self.spec = spec
         self.session = session
@@ -73,6 +75,7 @@ class LoadedVersion:
         self.memory_bytes = memory_bytes
         self.note = note  # e.g. why the session fell back to the CPU
         self.labels = labels  # the classification extension's labels, by class index
+        self.text = text  # the tokenizer, when the version takes text (inference/text.py)
         self.stats = VersionStats()
         self.state = LoadState.READY
         self.version_label = str(spec.version)  # the version as /v2 names it, made once
@@ -398,6 +401,17 @@ class InferenceRuntime:
         built = build_session(folder / spec.model_file)
         extras = {item.name for item in spec.files}
         _warm_up(built.session, spec, folder / SAMPLE_INPUTS_FILE if SAMPLE_INPUTS_FILE in extras else None)
+        text = None
+        if "text" in spec.signature and TOKENIZER_FILE in extras:
+            text = TextEncoder.load(
+                folder,
+                spec.signature["text"],
+                built.session,
+                max_bytes=settings.TOKENIZER_MAX_BYTES,
+                max_tokens=settings.TEXT_MAX_TOKENS,
+                truncate=settings.TEXT_TRUNCATE,
+                max_texts=settings.TEXT_MAX_TEXTS,
+            )
         loaded = LoadedVersion(
             spec,
             built.session,
@@ -406,6 +420,7 @@ class InferenceRuntime:
             memory_bytes=max(0, _rss_bytes() - rss_before),
             note=built.note,
             labels=_read_labels(folder / LABELS_FILE) if LABELS_FILE in extras else (),
+            text=text,
         )
         logger.info("loaded %s v%s on %s in %.2fs", spec.model, spec.version, built.provider, loaded.load_seconds)
         return loaded

@@ -202,6 +202,9 @@ VALIDATION_STALE_SECONDS = env_float("MODELYARD_VALIDATION_STALE_SECONDS", 30.0,
 # wide margin for real models; a hostile one can no longer take the server down.
 VALIDATION_TIMEOUT_SECONDS = env_float("MODELYARD_VALIDATION_TIMEOUT_SECONDS", 120.0, minimum=1.0)
 VALIDATION_MEMORY_MB = env_int("MODELYARD_VALIDATION_MEMORY_MB", 4096, minimum=256)
+# Text in (registry/text_input.py, inference/text.py): the largest tokenizer.json a version may carry,
+# checked at validation and again at load. Real ones are 0.5-20 MB (MiniLM's 0.47 MB, Llama 3's 9 MB).
+TOKENIZER_MAX_BYTES = env_int("MODELYARD_TOKENIZER_MAX_BYTES", 64 * 1024**2, minimum=1024)
 PROMOTION_TTL_SECONDS = env_int("MODELYARD_PROMOTION_TTL_SECONDS", 7 * 24 * 3600, minimum=1)
 VALIDATION_WORK_DIR = env_str("MODELYARD_WORK_DIR") or str(DATA_DIR / "work")
 
@@ -356,6 +359,12 @@ GRPC_HOST = env_str("MODELYARD_GRPC_HOST", "127.0.0.1") or "127.0.0.1"
 # Every worker process of `serve --workers N` binds the port with SO_REUSEPORT; one process alone does not share it.
 GRPC_REUSE_PORT = env_bool("MODELYARD_GRPC_REUSE_PORT", False)
 # The largest gRPC message a client may send (RESOURCE_EXHAUSTED past it); as large as /v2's body by default.
+# Text in: a text longer than this many tokens (or the model's fixed sequence length, or the tokenizer's
+# own truncation length, whichever is shortest) is truncated, or refused with a 400 when truncation is off.
+TEXT_MAX_TOKENS = env_int("MODELYARD_TEXT_MAX_TOKENS", 512, minimum=8)
+TEXT_TRUNCATE = env_bool("MODELYARD_TEXT_TRUNCATE", True)
+# Texts in one request: each becomes up to TEXT_MAX_TOKENS ids in every token input (1024 x 512 x 3 int64 = 12 MiB).
+TEXT_MAX_TEXTS = env_int("MODELYARD_TEXT_MAX_TEXTS", 1024, minimum=1)
 GRPC_MAX_MESSAGE_BYTES = env_int("MODELYARD_GRPC_MAX_MESSAGE_BYTES", V2_MAX_BODY_BYTES, minimum=1024)
 # Requests of one ModelStreamInfer stream in flight at once; the client's further requests wait (flow control).
 GRPC_STREAM_CONCURRENCY = env_int("MODELYARD_GRPC_STREAM_CONCURRENCY", 64, minimum=1)

@@ -11,7 +11,8 @@ crosses the seam are typed, frozen rows, never ORM objects or dicts read back by
   (:func:`fleet_laggards`, :func:`fleet_wait`);
 - the token check of ``/v2`` (:func:`token_may_infer`);
 - and what the runtime borrows from the registry as it is: the datatype table, the synthetic
-  inputs of warm-up, and the alias-change listener.
+  inputs of warm-up, the alias-change listener, and the reading of a version's ``tokenizer.json``
+  (``registry/text_input.py``, which validation uses too).
 
 Everything here that touches the database blocks: the data plane calls it from worker threads.
 """
@@ -33,11 +34,14 @@ from registry import clients, notify
 from registry.auth import authenticate_token, bearer_token, has_role, split_token
 from registry.datatypes import NUMPY_OF
 from registry.models import PRODUCTION, Alias, FileRole, InferenceWorker, Role, ServingStrategy, VersionStatus
+from registry.text_input import TEXT_INPUT, TOKENIZER_FILE, TokenizerError, load_tokenizer, pad_encodings
 from registry.validation import synthetic_inputs
 
 __all__ = [
     "NUMPY_OF",
     "PRODUCTION",
+    "TEXT_INPUT",
+    "TOKENIZER_FILE",
     "TRAFFIC_BUCKETS",
     "TRAFFIC_BUCKET_SECONDS",
     "DesiredState",
@@ -48,6 +52,7 @@ __all__ = [
     "LoadedRow",
     "ServedFile",
     "ServingStrategy",
+    "TokenizerError",
     "TrafficBucket",
     "VersionSpec",
     "WorkerReport",
@@ -59,7 +64,9 @@ __all__ = [
     "fleet_list",
     "fleet_wait",
     "is_online",
+    "load_tokenizer",
     "offline_after",
+    "pad_encodings",
     "synthetic_inputs",
     "token_may_infer",
     "token_shaped",

@@ -12,6 +12,15 @@ def _by_name(specs: list[Spec]) -> dict[str, Spec]:
     return {spec["name"]: spec for spec in specs}
 
 
+def _specs(signature: dict[str, Any], key: str) -> list[Spec]:
+    """Inputs or outputs; the inputs end with ``text`` when the version has a tokenizer (``registry/text_input.py``)."""
+    specs = list(signature.get(key, []))
+    text = signature.get("text")
+    if key == "inputs" and text is not None:
+        specs.append({"name": text["name"], "datatype": text["datatype"], "shape": text["shape"], "optional": True})
+    return specs
+
+
 def _shape_breaks(kind: str, name: str, old: list[int] | None, new: list[int] | None) -> list[str]:
     if old is None or new is None:
         return []
@@ -29,12 +38,13 @@ def signature_diff(old: dict[str, list[Spec]], new: dict[str, list[Spec]]) -> li
     """Breaking differences between the version behind an alias (old) and a candidate (new)."""
     problems: list[str] = []
     for kind, key in (("input", "inputs"), ("output", "outputs")):
-        before, after = _by_name(old.get(key, [])), _by_name(new.get(key, []))
+        before, after = _by_name(_specs(old, key)), _by_name(_specs(new, key))
         for name in sorted(before.keys() - after.keys()):
             problems.append(f"{kind} '{name}' was removed")
         if kind == "input":
             for name in sorted(after.keys() - before.keys()):
-                problems.append(f"input '{name}' is new, and clients do not send it")
+                if not after[name].get("optional"):  # text is another way in: clients that do not send it still work
+                    problems.append(f"input '{name}' is new, and clients do not send it")
         for name in sorted(before.keys() & after.keys()):
             was, now = before[name], after[name]
             if was["datatype"] != now["datatype"]:
@@ -71,9 +81,9 @@ def signature_compare(old: dict[str, list[Spec]], new: dict[str, list[Spec]]) ->
     breaking = signature_diff(old, new)
     rows = []
     for kind, key in (("input", "inputs"), ("output", "outputs")):
-        before, after = _by_name(old.get(key, [])), _by_name(new.get(key, []))
-        names = [spec["name"] for spec in old.get(key, [])]
-        names += [spec["name"] for spec in new.get(key, []) if spec["name"] not in before]
+        before, after = _by_name(_specs(old, key)), _by_name(_specs(new, key))
+        names = [spec["name"] for spec in _specs(old, key)]
+        names += [spec["name"] for spec in _specs(new, key) if spec["name"] not in before]
         for name in names:
             about = tuple(problem for problem in breaking if problem.startswith(f"{kind} '{name}'"))
             rows.append(SignatureChange(kind, name, before.get(name), after.get(name), about))

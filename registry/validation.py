@@ -26,9 +26,12 @@ import onnx
 from onnx import TensorProto, helper
 
 from registry.datatypes import NUMPY_OF, ONNX_TO_PROTOCOL, numpy_of_ort_type
+from registry.text_input import TOKENIZER_FILE, TokenizerError, load_tokenizer, pad_encodings, text_signature
 
 # An extra of the upload: inputs for the test run, as a /v2 JSON inference request.
 SAMPLE_INPUTS = "sample_inputs.json"
+# What the test run of a version with a tokenizer.json feeds it (through the tokenizer), when it has no samples.
+SAMPLE_TEXTS = ["Modelyard runs this version once on two sentences before it serves.", "A shorter one."]
 
 
 @dataclass(frozen=True)
@@ -307,6 +310,7 @@ def validate_bundle(
     file_names: set[str],
     *,
     memory_limit_bytes: int | None = None,
+    tokenizer_max_bytes: int = 64 * 2**20,
     on_step: Callable[[str], None] = _no_step,
 ) -> ValidationResult:
     """Validate ``model_path`` whose sibling files are the version's other files.
@@ -365,11 +369,41 @@ def validate_bundle(
                 spec["name"] = printable(spec["name"])
     if result.errors:
         return result
+    text_feeds: dict[str, np.ndarray] | None = None
+    if TOKENIZER_FILE in file_names:
+        on_step(f"reading {TOKENIZER_FILE}")
+        try:
+            text_feeds = _text_signature(bundle_dir / TOKENIZER_FILE, result.signature, tokenizer_max_bytes)
+        except TokenizerError as exc:
+            result.errors.append(str(exc))
+            return result
     samples = bundle_dir / SAMPLE_INPUTS if SAMPLE_INPUTS in file_names else None
     result.errors += _run_once(
-        model_path, result, memory_limit_bytes=memory_limit_bytes, on_step=on_step, samples=samples
+        model_path,
+        result,
+        memory_limit_bytes=memory_limit_bytes,
+        on_step=on_step,
+        samples=samples,
+        text_feeds=text_feeds,
     )
     return result
+
+
+def _text_signature(path: Path, signature: dict[str, Any], max_bytes: int) -> dict[str, np.ndarray]:
+    """Add the ``text`` entry to ``signature``; return the token inputs of ``SAMPLE_TEXTS`` for the test run."""
+    tokenizer, pad_id, own_length = load_tokenizer(path, max_bytes=max_bytes)
+    spec = text_signature(signature["inputs"], own_length)
+    batch = spec["shape"][0]
+    texts = SAMPLE_TEXTS[:batch] if batch > 0 else SAMPLE_TEXTS
+    try:
+        if spec["max_tokens"]:
+            tokenizer.enable_truncation(spec["max_tokens"])
+        encodings = tokenizer.encode_batch(texts)
+    except Exception as exc:  # noqa: BLE001 - the Rust library raises plain Exception
+        raise TokenizerError(f"{TOKENIZER_FILE} could not tokenise a test sentence: {_first_line(exc)}") from None
+    signature["text"] = spec
+    length = spec["fixed_length"] or max(len(encoding.ids) for encoding in encodings)
+    return pad_encodings(encodings, spec, pad_id=pad_id, length=length)
 
 
 def _run_once(
@@ -379,6 +413,7 @@ def _run_once(
     memory_limit_bytes: int | None,
     on_step: Callable[[str], None],
     samples: Path | None = None,
+    text_feeds: dict[str, np.ndarray] | None = None,
 ) -> list[str]:
     import onnxruntime as ort
 
@@ -406,6 +441,14 @@ def _run_once(
         except Exception as exc:  # noqa: BLE001
             _reraise_if_out_of_memory(exc)
             return [f"ONNX Runtime could not run the model on {SAMPLE_INPUTS}: {_first_line(exc)}"]
+        return []
+    if text_feeds is not None:
+        on_step(f"running the model once in ONNX Runtime on text through {TOKENIZER_FILE}")
+        try:
+            session.run(None, text_feeds)
+        except Exception as exc:  # noqa: BLE001
+            _reraise_if_out_of_memory(exc)
+            return [f"ONNX Runtime could not run the model on text tokenised by {TOKENIZER_FILE}: {_first_line(exc)}"]
         return []
     needed, largest = synthetic_input_bytes(session)
     if memory_limit_bytes is not None and needed > memory_limit_bytes:

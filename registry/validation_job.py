@@ -92,4 +92,5 @@ def _validate_stored_version(version: ModelVersion) -> ValidationResult:
             names,
             timeout_seconds=settings.VALIDATION_TIMEOUT_SECONDS,
             memory_mb=settings.VALIDATION_MEMORY_MB,
+            tokenizer_max_bytes=settings.TOKENIZER_MAX_BYTES,
         )

@@ -50,7 +50,12 @@ _CHILD_CODE = (
 
 
 def validate_in_child(
-    model_path: Path, file_names: set[str], *, timeout_seconds: float, memory_mb: int
+    model_path: Path,
+    file_names: set[str],
+    *,
+    timeout_seconds: float,
+    memory_mb: int,
+    tokenizer_max_bytes: int = 64 * 2**20,
 ) -> ValidationResult:
     """Run ``validate_bundle`` on ``model_path`` in a child process under the two limits; never raises for the model."""
     from modelyard.processes import kill_group  # here: the child imports this module, and needs none of modelyard
@@ -60,6 +65,7 @@ def validate_in_child(
         "file_names": sorted(file_names),
         "memory_mb": memory_mb,
         "timeout_seconds": timeout_seconds,
+        "tokenizer_max_bytes": tokenizer_max_bytes,
         "parent_pid": os.getpid(),
     }
     with tempfile.TemporaryFile() as stdin, tempfile.TemporaryFile() as stdout, tempfile.TemporaryFile() as stderr:
@@ -113,6 +119,8 @@ def _child_env() -> dict[str, str]:
         "OPENBLAS_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
         "MALLOC_ARENA_MAX": "2",
+        "RAYON_NUM_THREADS": "1",  # the tokenizers library's thread pool
+        "TOKENIZERS_PARALLELISM": "false",
     }
 
 
@@ -238,6 +246,7 @@ def child_main() -> None:
             Path(request["model_path"]),
             set(request["file_names"]),
             memory_limit_bytes=int(request["memory_mb"]) * 2**20,
+            tokenizer_max_bytes=int(request["tokenizer_max_bytes"]),
             on_step=lambda step: report({"step": step}),
         )
         reply: dict[str, Any] = {

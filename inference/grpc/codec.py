@@ -25,6 +25,7 @@ from inference.protocol import (
     check_input,
     check_outputs,
     check_scheduling,
+    expected_inputs,
     output_datatype,
     string_array,
 )
@@ -83,7 +84,7 @@ def decode_infer_request(message: pb.ModelInferRequest, signature: dict[str, Any
             f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs: give one per input, "
             "in the order of the inputs, or none"
         )
-    expected = {spec["name"]: spec for spec in signature.get("inputs", [])}
+    expected = expected_inputs(signature)
     inputs: dict[str, np.ndarray] = {}
     for index, tensor in enumerate(message.inputs):
         name = tensor.name

@@ -91,6 +91,9 @@ def _signature(version: Version) -> None:
     for kind in ("inputs", "outputs"):
         for spec in version.signature.get(kind) or []:
             print(f"  {kind[:-1]:<7} {spec['name']}  {spec['datatype']}  {spec['shape']}")
+        text = version.signature.get("text")
+        if kind == "inputs" and text:  # the version has a tokenizer.json: raw text instead of the token inputs
+            print(f"  {'input':<7} {text['name']}  {text['datatype']}  {text['shape']}  (text, by {text['tokenizer']})")
 
 
 def _one_line(text: str) -> str:
@@ -307,9 +310,14 @@ def _input_value(text: str, datatype: str | None) -> Any:
             raise ModelyardError(f"{text} holds {array.dtype}; the input needs {datatype}")
         return array.astype(target)
     path = Path(text)
-    data = json.loads(path.read_text() if path.is_file() else text)
+    try:
+        data = json.loads(path.read_text() if path.is_file() else text)
+    except ValueError:
+        if target is not np.object_:
+            raise
+        data = text  # a BYTES input (a version's "text") takes a plain string as itself
     if target is np.object_:
-        return np.array(data, dtype=np.object_)
+        return np.array([data] if isinstance(data, str) else data, dtype=np.object_)
     return np.asarray(data, dtype=target)
 
 
@@ -598,7 +606,11 @@ def add_commands(sub: Any) -> None:
     p = command("infer", cmd_infer, "run a served model on inputs from .npy or JSON")
     p.add_argument("name")
     p.add_argument(
-        "--input", action="append", required=True, metavar="NAME=VALUE", help="FILE.npy, FILE.json or inline JSON"
+        "--input",
+        action="append",
+        required=True,
+        metavar="NAME=VALUE",
+        help="FILE.npy, FILE.json or inline JSON; a BYTES input (text) also takes a plain string",
     )
     p.add_argument("--version", default=None, help="a version number or a served alias (default: production)")
     p.add_argument("--output", action="append", default=[], help="only this output (repeatable)")

@@ -135,7 +135,7 @@ DROP_FILES = """([modelBase64, tokenizer, weightBytes]) => {
   const bytes = Uint8Array.from(atob(modelBase64), (c) => c.charCodeAt(0));
   const transfer = new DataTransfer();
   transfer.items.add(new File([new Uint8Array(weightBytes).fill(7)], "weights.bin"));
-  transfer.items.add(new File([tokenizer], "tokenizer.json", { type: "application/json" }));
+  transfer.items.add(new File([tokenizer], "vocab.json", { type: "application/json" }));
   transfer.items.add(new File([bytes], "model.onnx"));
   const drop = document.getElementById("drop");
   drop.dispatchEvent(new DragEvent("dragover", { dataTransfer: transfer, bubbles: true, cancelable: true }));
@@ -170,7 +170,7 @@ def test_1_maintainer_uploads_with_progress_and_sees_the_version_ready(server, b
     assert page.get_by_role("status").first.inner_text() == "Version 1 uploaded."
     files = page.locator("#files tbody tr")
     assert files.count() == 3
-    href = page.locator("#files a", has_text="tokenizer.json").get_attribute("href")
+    href = page.locator("#files a", has_text="vocab.json").get_attribute("href")
     download = page.request.get(f"{server.url}{href}")
     assert download.status == 200 and download.body() == tokenizer.encode()
     assert download.headers["x-content-sha256"] == hashlib.sha256(tokenizer.encode()).hexdigest()
@@ -178,7 +178,7 @@ def test_1_maintainer_uploads_with_progress_and_sees_the_version_ready(server, b
 
     version = ModelVersion.objects.get(model__name="demo", version=1)
     assert (version.status, version.description, version.metadata) == ("ready", "first cut", {"run": "42"})
-    assert [f.name for f in version.files.order_by("id")] == ["model.onnx", "weights.bin", "tokenizer.json"]
+    assert [f.name for f in version.files.order_by("id")] == ["model.onnx", "weights.bin", "vocab.json"]
     assert version.size_bytes == len(model) + weights + len(tokenizer)
     assert csp_violations(page) == []
 

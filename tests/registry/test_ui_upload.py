@@ -55,7 +55,7 @@ def test_maintainer_uploads_through_the_page_and_the_version_is_validated(demo):
     response = post(
         client,
         {
-            "file": files(("model.onnx", model), ("tokenizer.json", b"{}")),
+            "file": files(("model.onnx", model), ("vocab.json", b"{}")),
             "description": "first",
             "metadata": '{"a": 1}',
         },
@@ -66,7 +66,7 @@ def test_maintainer_uploads_through_the_page_and_the_version_is_validated(demo):
     assert (answer["version"], answer["url"]) == (1, "/ui/models/demo/versions/1")
     version = ModelVersion.objects.get()
     assert (version.status, version.description, version.metadata) == ("ready", "first", {"a": 1})
-    assert [f.name for f in version.files.order_by("id")] == ["model.onnx", "tokenizer.json"]
+    assert [f.name for f in version.files.order_by("id")] == ["model.onnx", "vocab.json"]
     upload = AuditEvent.objects.get(action="version.upload")
     assert (upload.actor, upload.target) == ("mia", "demo/1")
     page = client.get("/ui/models/demo/versions/1")

@@ -17,7 +17,7 @@ from tests.support.s3 import bucket_objects, closed_port_url
 
 pytestmark = pytest.mark.django_db
 
-UPLOAD_KEY = re.compile(r"^pfx/artifacts/demo/([0-9a-f]{32})/(model\.onnx|weights\.bin|tokenizer\.json)$")
+UPLOAD_KEY = re.compile(r"^pfx/artifacts/demo/([0-9a-f]{32})/(model\.onnx|weights\.bin|vocab\.json)$")
 
 
 def test_upload_to_s3_stores_exact_bytes_under_the_prefix_and_ends_ready(
@@ -28,9 +28,7 @@ def test_upload_to_s3_stores_exact_bytes_under_the_prefix_and_ends_ready(
     weights = (tmp_path / "bundle" / "weights.bin").read_bytes()
     tokenizer = b'{"vocab": ["a", "b"]}'
 
-    response = owner.upload(
-        registered, [("model.onnx", model), ("weights.bin", weights), ("tokenizer.json", tokenizer)]
-    )
+    response = owner.upload(registered, [("model.onnx", model), ("weights.bin", weights), ("vocab.json", tokenizer)])
 
     assert response.status_code == 201, response.content
     body = owner.get(f"/api/v1/models/{registered}/versions/1").json()
@@ -40,7 +38,7 @@ def test_upload_to_s3_stores_exact_bytes_under_the_prefix_and_ends_ready(
     assert [(f["name"], f["role"]) for f in body["files"]] == [
         ("model.onnx", "model"),
         ("weights.bin", "external_data"),
-        ("tokenizer.json", "extra"),
+        ("vocab.json", "extra"),
     ]
 
     objects = bucket_objects(s3_client, s3_bucket)
@@ -52,14 +50,14 @@ def test_upload_to_s3_stores_exact_bytes_under_the_prefix_and_ends_ready(
     assert objects == {
         f"{prefix}/model.onnx": model,
         f"{prefix}/weights.bin": weights,
-        f"{prefix}/tokenizer.json": tokenizer,
+        f"{prefix}/vocab.json": tokenizer,
     }
     stored = {f.name: (f.storage_key, f.sha256, f.size_bytes) for f in ModelFile.objects.all()}
     key_root = prefix.removeprefix("pfx/")
     assert stored == {
         "model.onnx": (f"{key_root}/model.onnx", hashlib.sha256(model).hexdigest(), len(model)),
         "weights.bin": (f"{key_root}/weights.bin", hashlib.sha256(weights).hexdigest(), len(weights)),
-        "tokenizer.json": (f"{key_root}/tokenizer.json", hashlib.sha256(tokenizer).hexdigest(), len(tokenizer)),
+        "vocab.json": (f"{key_root}/vocab.json", hashlib.sha256(tokenizer).hexdigest(), len(tokenizer)),
     }
 
     download = owner.get(f"/api/v1/models/{registered}/versions/1/download")

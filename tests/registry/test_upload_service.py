@@ -49,12 +49,12 @@ def refused(registered: str, owner, parts, **fields) -> Exception:
 
 def test_a_local_upload_is_stored_recorded_audited_and_validated(owner, registered, tmp_path):
     model = add_model_bytes()
-    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer = tmp_path / "vocab.json"
     tokenizer.write_bytes(b'{"v": 1}')
 
     version = upload_local(
         registered,
-        [("model.onnx", model), ("tokenizer.json", tokenizer)],
+        [("model.onnx", model), ("vocab.json", tokenizer)],
         actor=owner.actor,
         description="  first  ",
         metadata={"run": "42"},
@@ -65,7 +65,7 @@ def test_a_local_upload_is_stored_recorded_audited_and_validated(owner, register
     assert version.sha256 == hashlib.sha256(model).hexdigest()
     assert version.size_bytes == len(model) + 8
     files = {f.name: f for f in version.files.all()}
-    assert [(f.name, f.role) for f in version.files.all()] == [("model.onnx", "model"), ("tokenizer.json", "extra")]
+    assert [(f.name, f.role) for f in version.files.all()] == [("model.onnx", "model"), ("vocab.json", "extra")]
     with get_storage().open(files["model.onnx"].storage_key) as stored:
         assert stored.read() == model
     assert files["model.onnx"].storage_key.startswith(f"artifacts/{registered}/")

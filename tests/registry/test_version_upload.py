@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db
 
 def test_upload_stores_bytes_and_ends_ready_with_signature(owner, registered):
     data = add_model_bytes()
-    response = owner.upload(registered, [("model.onnx", data), ("tokenizer.json", b'{"v": 1}')], description="first")
+    response = owner.upload(registered, [("model.onnx", data), ("vocab.json", b'{"v": 1}')], description="first")
 
     assert response.status_code == 201, response.content
     assert response.json()["version"] == 1
@@ -32,7 +32,7 @@ def test_upload_stores_bytes_and_ends_ready_with_signature(owner, registered):
     assert body["ir_version"] == 10
     assert body["opset"] == [{"domain": "ai.onnx", "version": 17}]
     assert body["producer"] == {"name": "modelyard-tests", "version": ""}
-    assert [(f["name"], f["role"]) for f in body["files"]] == [("model.onnx", "model"), ("tokenizer.json", "extra")]
+    assert [(f["name"], f["role"]) for f in body["files"]] == [("model.onnx", "model"), ("vocab.json", "extra")]
     assert body["created_by"] == "owner"
 
     model_file = ModelFile.objects.get(version__version=1, name="model.onnx")
