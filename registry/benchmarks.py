@@ -8,16 +8,13 @@ conditional update, so one row is taken once), measure the version in a child pr
 ``MODELYARD_BENCHMARK_TIMEOUT_SECONDS`` (and, on CPU, ``MODELYARD_BENCHMARK_MEMORY_MB``) at a low
 priority, and write the numbers back (``benchmark_record``).
 
-:func:`benchmark_child` runs in the child: it loads the model (timed), measures p50/p99 latency at
-batch 1, throughput at batch 8 and 32 (or the model's ``max_batch_size``), and peak memory.
+The measuring itself is ``registry/benchmark_child.py``: load time, p50/p99 latency at batch 1,
+throughput at batch 8 and 32 (or the model's ``max_batch_size``), and peak memory.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -31,8 +28,6 @@ from registry.models import JobStatus, ModelVersion, VersionBenchmark, VersionSt
 CPU = "CPUExecutionProvider"
 TIMEOUT_SETTING = "MODELYARD_BENCHMARK_TIMEOUT_SECONDS"
 MEMORY_SETTING = "MODELYARD_BENCHMARK_MEMORY_MB"
-# Dynamic dimensions past the batch (a sequence length, say) are this long in the benchmark's inputs.
-SEQUENCE = 32
 SHARED_NOTE = "this process served inference traffic during the run; the numbers shared the device with it"
 
 
@@ -164,113 +159,4 @@ def benchmark_measure(*, model_path: str, provider: str, max_batch_size: int) ->
         "iterations": settings.BENCHMARK_ITERATIONS,
         "seconds": settings.BENCHMARK_SECONDS,
     }
-    return run_in_child("registry.benchmarks:benchmark_child", request, benchmark_limits(provider))
-
-
-# --- The child ------------------------------------------------------------------------------------
-
-
-def _feeds(session: Any, batch: int) -> dict[str, Any]:
-    import numpy as np
-
-    from registry.datatypes import numpy_of_ort_type
-
-    rng = np.random.default_rng(0)
-    feeds = {}
-    for arg in session.get_inputs():
-        dtype = numpy_of_ort_type(arg.type)
-        if dtype is None:
-            raise ValueError(f"input '{arg.name}' has type {arg.type}, which the benchmark cannot synthesise")
-        shape = [
-            dim if isinstance(dim, int) and dim >= 0 else (batch if index == 0 else SEQUENCE)
-            for index, dim in enumerate(arg.shape)
-        ]
-        if dtype is np.object_:
-            feeds[arg.name] = np.full(shape, "a", dtype=object)
-        elif np.issubdtype(dtype, np.floating):
-            feeds[arg.name] = rng.standard_normal(shape).astype(dtype)
-        else:
-            feeds[arg.name] = np.ones(shape, dtype=dtype)
-    return feeds
-
-
-def _batchable(session: Any) -> bool:
-    return all(len(arg.shape) > 0 and not isinstance(arg.shape[0], int) for arg in session.get_inputs())
-
-
-def _device_memory() -> int | None:
-    """Device memory this process holds on the GPU, through NVML; None where there is none to read."""
-    import os
-
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            used = 0
-            for index in range(pynvml.nvmlDeviceGetCount()):
-                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                    if proc.pid == os.getpid() and proc.usedGpuMemory:
-                        used += int(proc.usedGpuMemory)
-            return used
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no NVML, no GPU, no permission: no reading
-        return None
-
-
-def benchmark_child(request: dict[str, Any], on_step: Callable[[str], None]) -> dict[str, Any]:
-    """In the child: load, warm up, time batch-1 latency and batched throughput, read peak memory."""
-    import resource
-
-    import numpy as np
-    import onnxruntime as ort
-
-    provider = request["provider"]
-    if provider not in ort.get_available_providers():
-        raise RuntimeError(f"this host's ONNX Runtime has no {provider}")
-    on_step("loading the model")
-    started = time.perf_counter()
-    session = ort.InferenceSession(request["model_path"], providers=[provider])
-    load_seconds = time.perf_counter() - started
-    used = session.get_providers()[0]
-    batchable = _batchable(session)
-    on_step("measuring latency at batch 1")
-    feeds = _feeds(session, 1)
-    for _ in range(3):
-        session.run(None, feeds)
-    latencies = []
-    deadline = time.perf_counter() + float(request["seconds"])
-    for _ in range(int(request["iterations"])):
-        begin = time.perf_counter()
-        session.run(None, feeds)
-        latencies.append(time.perf_counter() - begin)
-        if time.perf_counter() > deadline and len(latencies) >= 10:
-            break
-    throughput: dict[str, float] = {}
-    sizes = sorted({8, min(32, int(request["max_batch_size"]))}) if batchable else []
-    for batch in sizes:
-        on_step(f"measuring throughput at batch {batch}")
-        feeds = _feeds(session, batch)
-        session.run(None, feeds)
-        runs, begin = 0, time.perf_counter()
-        while runs < 2 or time.perf_counter() - begin < float(request["seconds"]):
-            session.run(None, feeds)
-            runs += 1
-        throughput[str(batch)] = runs * batch / (time.perf_counter() - begin)
-    peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    numbers: dict[str, Any] = {
-        "provider": used,
-        "ort_version": ort.__version__,
-        "load_seconds": load_seconds,
-        "latency_runs": len(latencies),
-        "p50_ms": float(np.percentile(latencies, 50) * 1000),
-        "p99_ms": float(np.percentile(latencies, 99) * 1000),
-        "throughput": throughput,
-        "sequence": SEQUENCE,
-        "peak_rss_bytes": peak_rss,
-    }
-    if used != CPU:
-        numbers["device_memory_bytes"] = _device_memory()
-    return numbers
+    return run_in_child("registry.benchmark_child:benchmark_child", request, benchmark_limits(provider))
