@@ -47,9 +47,8 @@ class Comparison:
     def line(self) -> str:
         """One line for the people deciding, e.g. "v7 against v5 (production): 1.9\u00d7 throughput at batch 32 ..."."""
         if self.current is None:
-            return (
-                f"v{self.candidate.version} is the first version on {self.alias}: there is nothing to compare against"
-            )
+            where = f" on {self.alias}" if self.alias else ""
+            return f"v{self.candidate.version} is the first version{where}: nothing to compare against"
         parts = []
         if self.speed is not None:
             ratio = self.speed.throughput_ratio
@@ -65,7 +64,8 @@ class Comparison:
             if "cosine" not in self.accuracy and "max_abs_diff" in self.accuracy:
                 parts.append(f"max abs diff {self.accuracy['max_abs_diff']:.3g}")
         parts.extend(self.missing)
-        return f"v{self.candidate.version} against v{self.current.version} ({self.alias}): {', '.join(parts)}"
+        against = f"v{self.candidate.version} against v{self.current.version}"
+        return f"{against} ({self.alias}): {', '.join(parts)}" if self.alias else f"{against}: {', '.join(parts)}"
 
 
 def _signed_percent(change: float) -> str:
@@ -129,14 +129,14 @@ def policy_violations(comparison: Comparison, policy: dict[str, float | None]) -
         speed = comparison.speed
         if speed is None:
             found.append(
-                f"max_slowdown_percent {slowdown:g} cannot be checked: no benchmark of versions "
+                f"max_slowdown_percent {slowdown:.10g} cannot be checked: no benchmark of versions "
                 f"{comparison.candidate.version} and {current.version} on one provider has finished"
             )
         elif speed.slowdown_percent > slowdown:
             found.append(
                 f"throughput at batch {speed.batch} on {speed.provider} is {speed.slowdown_percent:.1f}% below "
                 f"version {current.version}'s ({speed.candidate['throughput'][str(speed.batch)]:.1f} against "
-                f"{speed.current['throughput'][str(speed.batch)]:.1f} rows/s; max_slowdown_percent {slowdown:g})"
+                f"{speed.current['throughput'][str(speed.batch)]:.1f} rows/s; max_slowdown_percent {slowdown:.10g})"
             )
     for key, bound, worse in (("min_cosine", "cosine", "below"), ("max_abs_diff", "max_abs_diff", "above")):
         limit = policy.get(key)
@@ -146,9 +146,9 @@ def policy_violations(comparison: Comparison, policy: dict[str, float | None]) -
         value = accuracy.get(bound) if accuracy is not None else None
         if value is None:
             found.append(
-                f"{key} {limit:g} cannot be checked: no accuracy delta is measured between versions "
+                f"{key} {limit:.10g} cannot be checked: no accuracy delta is measured between versions "
                 f"{comparison.candidate.version} and {current.version}"
             )
         elif (value < limit) if worse == "below" else (value > limit):
-            found.append(f"{bound.replace('_', ' ')} {value:.6g} is {worse} {key} {limit:g}")
+            found.append(f"{bound.replace('_', ' ')} {value:.6g} is {worse} {key} {limit:.10g}")
     return found

@@ -164,7 +164,29 @@ def _fp16(options: dict[str, Any], source: Path, target: Path) -> None:
     converted = float16.convert_float_to_float16(
         model, keep_io_types=True, op_block_list=block, disable_shape_infer=model.ByteSize() > EXTERNAL_DATA_AFTER
     )
+    _fix_casts_to_float(converted)
     _save(converted, target)
+
+
+def _fix_casts_to_float(model: Any) -> int:
+    """Retarget the model's own ``Cast(to=FLOAT)`` nodes whose output the converter made float16.
+
+    onnxconverter-common 1.16 turns the value of such a cast (an attention mask cast to float, in
+    BERT exports) into float16 but leaves its ``to`` attribute, and ONNX Runtime refuses the model
+    ("Type (tensor(float16)) of output arg ... does not match expected type (tensor(float))").
+    """
+    from onnx import TensorProto
+
+    types = {value.name: value.type.tensor_type.elem_type for value in [*model.graph.value_info, *model.graph.output]}
+    fixed = 0
+    for node in model.graph.node:
+        if node.op_type != "Cast" or types.get(node.output[0]) != TensorProto.FLOAT16:
+            continue
+        for attribute in node.attribute:
+            if attribute.name == "to" and attribute.i == TensorProto.FLOAT:
+                attribute.i = TensorProto.FLOAT16
+                fixed += 1
+    return fixed
 
 
 def _int8_dynamic(options: dict[str, Any], source: Path, target: Path) -> None:

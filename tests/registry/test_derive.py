@@ -17,7 +17,7 @@ from onnx import TensorProto
 
 from registry.models import AuditEvent, DeriveJob, JobStatus, ModelVersion, VersionStatus
 from storage import get_storage
-from tests.support.onnx_models import add_model_bytes, classifier_model, mlp_model
+from tests.support.onnx_models import add_model_bytes, classifier_model, masked_model, mlp_model
 from tests.support.people import Person
 from tests.support.polling import eventually
 
@@ -102,6 +102,26 @@ def test_fp16_keeps_float32_io_and_halves_the_weights(owner: Person, registered:
     assert event.target == f"{registered}/{child.version}"
     assert event.after["derived_from"] == parent.version and event.after["recipe"]["recipe"] == "fp16"
     assert event.actor == "owner"
+
+
+def test_fp16_of_a_model_that_casts_its_mask_to_float_loads(owner: Person, registered: str) -> None:
+    """BERT exports cast the attention mask to float; the converter alone leaves that Cast's target at FLOAT."""
+    parent = upload(owner, registered, [("model.onnx", masked_model().SerializeToString())])
+
+    child = derived_version(owner, registered, parent.version, "fp16")
+
+    assert child.status == VersionStatus.READY, child.errors
+    [cast] = [node for node in onnx.load_from_string(stored_model(child)).graph.node if node.output == ["m"]]
+    assert cast.attribute[0].i == TensorProto.FLOAT16
+    feeds = {
+        "x": np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32),
+        "mask": np.ones((4, 8), np.int64),
+    }
+    feeds["mask"][:, 6:] = 0
+    expected = ort.InferenceSession(stored_model(parent), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    got = ort.InferenceSession(stored_model(child), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_allclose(got, expected, atol=0.05, rtol=0.01)
+    assert child.accuracy["worst"]["cosine"] > 0.9999
 
 
 def test_int8_dynamic_is_smaller_and_quantised(owner: Person, registered: str) -> None:

@@ -221,3 +221,18 @@ def mlp_model(*, features: int = 32, hidden: int = 256, outputs: int = 8, seed: 
         helper.make_node("Add", ["h4", "B2"], ["y"]),
     ]
     return _model(helper.make_graph(nodes, "mlp", [x], [y], init))
+
+
+def masked_model(*, width: int = 8, seed: int = 3) -> onnx.ModelProto:
+    """y = (x * Cast(mask, FLOAT)) @ W, as BERT exports cast their attention mask: x float [N, width], mask int64."""
+    rng = np.random.default_rng(seed)
+    weights = numpy_helper.from_array(rng.standard_normal((width, width)).astype(np.float32), "W")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])
+    mask = helper.make_tensor_value_info("mask", TensorProto.INT64, ["N", width])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])
+    nodes = [
+        helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["x", "m"], ["xm"]),
+        helper.make_node("MatMul", ["xm", "W"], ["y"]),
+    ]
+    return _model(helper.make_graph(nodes, "masked", [x, mask], [y], [weights]))
