@@ -244,6 +244,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "sweep-stuck-versions": {"task": "registry.tasks.sweep_stuck_versions", "schedule": 60.0},
     "expire-promotions": {"task": "registry.tasks.expire_promotions", "schedule": 300.0},
+    "fail-lost-jobs": {"task": "registry.tasks.fail_lost_jobs", "schedule": 300.0},
     "collect-orphaned-artifacts": {"task": "registry.tasks.collect_orphaned_artifacts", "schedule": 3600.0},
     "summarise-auth-failures": {"task": "registry.tasks.summarise_auth_failures", "schedule": 60.0},
     "retry-webhook-deliveries": {"task": "registry.tasks.retry_webhook_deliveries", "schedule": 30.0},

@@ -15,6 +15,7 @@ throughput at batch 8 and 32 (or the model's ``max_batch_size``), and peak memor
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -160,3 +161,17 @@ def benchmark_measure(*, model_path: str, provider: str, max_batch_size: int) ->
         "seconds": settings.BENCHMARK_SECONDS,
     }
     return run_in_child("registry.benchmark_child:benchmark_child", request, benchmark_limits(provider))
+
+
+def benchmarks_fail_lost(*, older_than: timedelta) -> list[int]:
+    """Fail the benchmarks still ``running`` long past their limit: the process running them was lost."""
+    before = timezone.now() - older_than
+    lost = list(
+        VersionBenchmark.objects.filter(status=JobStatus.RUNNING, started_at__lt=before).values_list("pk", flat=True)
+    )
+    VersionBenchmark.objects.filter(pk__in=lost, status=JobStatus.RUNNING).update(
+        status=JobStatus.FAILED,
+        error="the benchmark was lost: the inference process running it stopped; POST .../benchmarks runs it again",
+        finished_at=timezone.now(),
+    )
+    return lost

@@ -7,7 +7,8 @@ the same inputs and measures how far each output moved.
 
 - ``fp16``: ``onnxconverter_common.float16.convert_float_to_float16(keep_io_types=True)``: float16
   initialisers and arithmetic, float32 inputs and outputs; with ``optimize``, after ONNX Runtime's
-  transformer optimiser (``onnxruntime.transformers.optimizer``) fused attention and layer norms.
+  transformer optimiser (``onnxruntime.transformers.optimizer``) fused attention and layer norms,
+  converted by that optimiser's own converter (which knows the fused operators).
 - ``int8-dynamic``: ``onnxruntime.quantization.quantize_dynamic`` (int8 weights, activations
   quantised at run time).
 - ``ort-optimized``: the model ONNX Runtime saves after its offline graph optimisation
@@ -146,6 +147,7 @@ def _fp16(options: dict[str, Any], source: Path, target: Path) -> None:
     import onnx
     from onnxconverter_common import float16
 
+    block = options["op_block_list"] or None
     if options["optimize"]:
         from onnxruntime.transformers import optimizer
 
@@ -154,18 +156,32 @@ def _fp16(options: dict[str, Any], source: Path, target: Path) -> None:
             model_type=options["model_type"],
             num_heads=options["num_heads"],
             hidden_size=options["hidden_size"],
-            opt_level=1,  # ORT-independent fusions only: the result must load on every provider
+            opt_level=0,  # the Python fusions only (no ORT pass, which needs torch): it loads on every provider
             use_gpu=False,
         )
-        model = optimized.model
-    else:
-        model = onnx.load(str(source))
-    block = options["op_block_list"] or None
+        # The fused graph has com.microsoft operators (Attention, SkipLayerNormalization), which ONNX's
+        # shape inference, and so onnxconverter-common, cannot type; ORT's own converter, a fork of
+        # onnxconverter-common's that knows them, converts it.
+        optimized.convert_float_to_float16(keep_io_types=True, op_block_list=block)
+        optimized.topological_sort()  # that converter appends its input casts last; onnx.checker wants order
+        _declare_domains(optimized.model)
+        _save(optimized.model, target)
+        return
+    model = onnx.load(str(source))
     converted = float16.convert_float_to_float16(
         model, keep_io_types=True, op_block_list=block, disable_shape_infer=model.ByteSize() > EXTERNAL_DATA_AFTER
     )
     _fix_casts_to_float(converted)
     _save(converted, target)
+
+
+def _declare_domains(model: Any) -> None:
+    """Import every operator domain the graph uses (the optimiser's fusions are com.microsoft's, left undeclared)."""
+    from onnx import helper
+
+    declared = {entry.domain for entry in model.opset_import}
+    for domain in sorted({node.domain for node in model.graph.node} - declared - {"", "ai.onnx"}):
+        model.opset_import.append(helper.make_opsetid(domain, 1))
 
 
 def _fix_casts_to_float(model: Any) -> int:

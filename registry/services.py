@@ -628,3 +628,15 @@ def derive_fail(*, job_id: int, error: str) -> None:
         model_name=model.name,
         after={"job": job.pk, "recipe": job.recipe, "error": error},
     )
+
+
+def derive_jobs_fail_lost(*, older_than: timedelta) -> list[int]:
+    """Fail the derive jobs still ``running`` long past their limit: the worker running them was lost."""
+    before = timezone.now() - older_than
+    lost = list(DeriveJob.objects.filter(status=JobStatus.RUNNING, started_at__lt=before).values_list("pk", flat=True))
+    for job_id in lost:
+        derive_fail(
+            job_id=job_id,
+            error="the derivation was lost: the worker running it stopped before it finished; derive again",
+        )
+    return lost

@@ -124,6 +124,19 @@ def test_fp16_of_a_model_that_casts_its_mask_to_float_loads(owner: Person, regis
     assert child.accuracy["worst"]["cosine"] > 0.9999
 
 
+def test_fp16_after_the_transformer_optimiser(owner: Person, registered: str) -> None:
+    parent = upload(owner, registered, [("model.onnx", mlp_model().SerializeToString())])
+
+    child = derived_version(owner, registered, parent.version, "fp16", {"optimize": True, "model_type": "bert"})
+
+    assert child.status == VersionStatus.READY, child.errors
+    assert child.recipe["options"]["optimize"] is True
+    built = onnx.load_from_string(stored_model(child))
+    assert TensorProto.FLOAT16 in {init.data_type for init in built.graph.initializer}
+    assert [value.type.tensor_type.elem_type for value in built.graph.output] == [TensorProto.FLOAT]
+    assert child.accuracy["worst"]["cosine"] > 0.999
+
+
 def test_int8_dynamic_is_smaller_and_quantised(owner: Person, registered: str) -> None:
     parent = upload(owner, registered, [("model.onnx", mlp_model().SerializeToString())])
 
@@ -254,3 +267,32 @@ def test_a_derivation_past_its_memory_limit_fails_naming_the_setting(
     assert job.error.startswith(
         "the derivation stopped: it needed more than 256 MB of memory (MODELYARD_DERIVE_MEMORY_MB)"
     ), job.error
+
+
+def test_jobs_whose_worker_was_lost_end_failed(owner: Person, registered: str, settings: Any) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from registry import tasks
+    from registry.models import VersionBenchmark
+
+    parent = upload(owner, registered, [("model.onnx", add_model_bytes())])
+    settings.DERIVE_TIMEOUT_SECONDS = 60
+    settings.BENCHMARK_TIMEOUT_SECONDS = 60
+    long_ago = timezone.now() - timedelta(seconds=60 + tasks.LOST_JOB_GRACE_SECONDS + 5)
+    # What a worker killed mid-run leaves behind: rows claimed, never finished.
+    lost = DeriveJob.objects.create(source=parent, recipe="fp16", status=JobStatus.RUNNING, started_at=long_ago)
+    recent = DeriveJob.objects.create(source=parent, recipe="fp16", status=JobStatus.RUNNING, started_at=timezone.now())
+    VersionBenchmark.objects.filter(version=parent).update(status=JobStatus.RUNNING, started_at=long_ago)
+
+    swept = tasks.fail_lost_jobs()
+
+    assert swept == {"derive": [lost.pk], "benchmarks": [VersionBenchmark.objects.get(version=parent).pk]}
+    lost.refresh_from_db()
+    recent.refresh_from_db()
+    assert lost.status == JobStatus.FAILED and recent.status == JobStatus.RUNNING
+    assert lost.error == "the derivation was lost: the worker running it stopped before it finished; derive again"
+    bench = VersionBenchmark.objects.get(version=parent)
+    assert bench.status == JobStatus.FAILED and bench.error.startswith("the benchmark was lost")
+    assert tasks.fail_lost_jobs() == {"derive": [], "benchmarks": []}
