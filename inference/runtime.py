@@ -25,6 +25,7 @@ from django.utils import timezone
 
 from inference import metrics, telemetry
 from inference.batcher import Batcher
+from inference.benchmarks import BenchmarkRunner
 from inference.cache import ArtifactCache
 from inference.errors import InferenceError
 from inference.protocol import BodyLimit, body_limit, can_batch, decode_request
@@ -258,6 +259,13 @@ class InferenceRuntime:
         self._passes = 0
         self._synced = False
         self._last_snapshot: tuple[LoadedRow, ...] = ()
+        self.benchmarks = BenchmarkRunner(
+            cache=self.cache,
+            provider=self.provider,
+            host_kind=self.device,
+            worker_id=self.worker_id,
+            served=self._requests_served,
+        )
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -373,6 +381,12 @@ class InferenceRuntime:
             if fresh and not self._synced:
                 self._synced = all(vid in self.loaded or vid in self.status.failures for vid in desired.versions)
         self._heartbeat_if_due()
+        if fresh and settings.BENCHMARKS_ENABLED:
+            self.benchmarks.poll()  # on its own thread, one job at a time, in a child at low priority
+
+    def _requests_served(self) -> int:
+        """Requests answered so far by the versions loaded now (a benchmark notes when this moved during its run)."""
+        return sum(v.stats.success_count + v.stats.fail_count for v in list(self.loaded.values()))
 
     def _failing_versions(self, desired: DesiredState) -> dict[tuple[str, int], int]:
         """(model, version) -> failed attempts so far, for each wanted version that failed to load."""

@@ -207,6 +207,21 @@ VALIDATION_MEMORY_MB = env_int("MODELYARD_VALIDATION_MEMORY_MB", 4096, minimum=2
 TOKENIZER_MAX_BYTES = env_int("MODELYARD_TOKENIZER_MAX_BYTES", 64 * 1024**2, minimum=1024)
 PROMOTION_TTL_SECONDS = env_int("MODELYARD_PROMOTION_TTL_SECONDS", 7 * 24 * 3600, minimum=1)
 VALIDATION_WORK_DIR = env_str("MODELYARD_WORK_DIR") or str(DATA_DIR / "work")
+# Derived versions are built, and versions benchmarked, in child processes under the same kind of
+# limits (registry/child_process.py). An fp16 or int8 conversion holds the model about three times.
+DERIVE_TIMEOUT_SECONDS = env_float("MODELYARD_DERIVE_TIMEOUT_SECONDS", 900.0, minimum=1.0)
+DERIVE_MEMORY_MB = env_int("MODELYARD_DERIVE_MEMORY_MB", 8192, minimum=256)
+# A benchmark's whole run (load, warm-up, latency, throughput); on CPU its address space is limited too
+# (on CUDA it is not: the driver reserves far more address space than it uses). It runs at this niceness.
+BENCHMARK_TIMEOUT_SECONDS = env_float("MODELYARD_BENCHMARK_TIMEOUT_SECONDS", 300.0, minimum=1.0)
+BENCHMARK_MEMORY_MB = env_int("MODELYARD_BENCHMARK_MEMORY_MB", 8192, minimum=256)
+# Whether inference processes take benchmark jobs (the rows are requested either way).
+BENCHMARKS_ENABLED = env_bool("MODELYARD_BENCHMARKS", True)
+BENCHMARK_NICE = env_int("MODELYARD_BENCHMARK_NICE", 10, minimum=0)
+# Latency is measured over this many batch-1 runs (p50 and p99), throughput over as many batches as fit in
+# BENCHMARK_SECONDS per batch size.
+BENCHMARK_ITERATIONS = env_int("MODELYARD_BENCHMARK_ITERATIONS", 200, minimum=1)
+BENCHMARK_SECONDS = env_float("MODELYARD_BENCHMARK_SECONDS", 3.0, minimum=0.01)
 
 # --- Tasks -----------------------------------------------------------------------------------
 BROKER_URL = env_str("MODELYARD_BROKER_URL") or None
@@ -232,6 +247,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "sweep-stuck-versions": {"task": "registry.tasks.sweep_stuck_versions", "schedule": 60.0},
     "expire-promotions": {"task": "registry.tasks.expire_promotions", "schedule": 300.0},
+    "fail-lost-jobs": {"task": "registry.tasks.fail_lost_jobs", "schedule": 300.0},
     "collect-orphaned-artifacts": {"task": "registry.tasks.collect_orphaned_artifacts", "schedule": 3600.0},
     "summarise-auth-failures": {"task": "registry.tasks.summarise_auth_failures", "schedule": 60.0},
     "retry-webhook-deliveries": {"task": "registry.tasks.retry_webhook_deliveries", "schedule": 30.0},

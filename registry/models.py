@@ -96,6 +96,13 @@ class ModelVersion(models.Model):
     validation_heartbeat_at = models.DateTimeField(null=True, blank=True)
     validation_attempts = models.PositiveIntegerField(default=0)
     validated_at = models.DateTimeField(null=True, blank=True)
+    # A derived version (fp16, int8, ORT-optimised): the version it was built from, how (recipe, options,
+    # library versions), and how far its outputs moved from the parent's (registry/derive.py).
+    derived_from = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="derived_versions"
+    )
+    recipe = models.JSONField(default=dict, blank=True)
+    accuracy = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["model_id", "-version"]
@@ -254,13 +261,21 @@ class AuthFailureWindow(models.Model):
 
 
 class Alias(models.Model):
-    """A named pointer (``production``, ``staging``, ...) from a model to one of its versions."""
+    """A named pointer (``production``, ``staging``, ...) from a model to one of its versions.
+
+    Its policy (all optional) refuses a move, unless forced with a reason, to a candidate slower than
+    the current version by more than ``max_slowdown_percent`` (throughput at the largest measured batch,
+    same provider), or whose outputs moved from it by more than ``max_abs_diff`` or below ``min_cosine``.
+    """
 
     model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="aliases")
     name = models.CharField(max_length=64, validators=[name_validator])
     version = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     protected = models.BooleanField(default=False)
     served = models.BooleanField(default=False)
+    max_slowdown_percent = models.FloatField(null=True, blank=True)
+    min_cosine = models.FloatField(null=True, blank=True)
+    max_abs_diff = models.FloatField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -453,3 +468,66 @@ class WebhookDelivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event} for webhook {self.webhook_id} ({self.status})"
+
+
+class JobStatus(models.TextChoices):
+    """The life of a long job row (a derivation, a benchmark)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class DeriveRecipe(models.TextChoices):
+    FP16 = "fp16"
+    INT8_DYNAMIC = "int8-dynamic"
+    ORT_OPTIMIZED = "ort-optimized"
+
+
+class DeriveJob(models.Model):
+    """One request to build a derived version from a ready one; ``result`` is the version it created."""
+
+    source = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="derive_jobs")
+    recipe = models.CharField(max_length=32, choices=DeriveRecipe.choices)
+    options = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING)
+    error = models.TextField(blank=True, default="")
+    result = models.ForeignKey(ModelVersion, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"derive #{self.pk} {self.recipe} of {self.source_id} ({self.status})"
+
+
+class VersionBenchmark(models.Model):
+    """One benchmark of a version on one execution provider, run by an inference process that has it."""
+
+    version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="benchmarks")
+    provider = models.CharField(max_length=64)
+    # What ran it, once claimed: the device ("cpu", "NVIDIA H200") and the worker id.
+    host_kind = models.CharField(max_length=128, blank=True, default="")
+    worker_id = models.CharField(max_length=128, blank=True, default="")
+    status = models.CharField(max_length=16, choices=JobStatus.choices, default=JobStatus.PENDING)
+    # {load_seconds, p50_ms, p99_ms, throughput: {"8": rows/s, "32": rows/s}, peak_memory_bytes, ort_version, ...}
+    numbers = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True, default="")
+    # Set when the process that ran it was serving traffic meanwhile: the numbers shared the device.
+    note = models.TextField(blank=True, default="")
+    requested_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["version_id", "provider"]
+        constraints = [models.UniqueConstraint(fields=["version", "provider"], name="unique_benchmark_per_provider")]
+        indexes = [models.Index(fields=["status", "provider"])]
+
+    def __str__(self) -> str:
+        return f"benchmark of {self.version_id} on {self.provider} ({self.status})"

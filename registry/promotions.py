@@ -18,6 +18,7 @@ from django.utils import timezone
 from registry import notify, webhooks
 from registry.audit import SYSTEM, Actor, audit_record
 from registry.auth import has_role
+from registry.comparison import compare, policy_violations
 from registry.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from registry.models import (
     PRODUCTION,
@@ -173,6 +174,61 @@ def _check_signature(alias: Alias, version: ModelVersion, *, force: bool, reason
     return True
 
 
+POLICY_FIELDS = ("max_slowdown_percent", "min_cosine", "max_abs_diff")
+
+
+def alias_policy(alias: Alias) -> dict[str, float | None]:
+    return {name: getattr(alias, name) for name in POLICY_FIELDS}
+
+
+def _check_policy(alias: Alias, version: ModelVersion, *, force: bool, reason: str) -> bool:
+    """Refuse a candidate that breaks the alias's speed or accuracy policy unless forced with a reason."""
+    policy = alias_policy(alias)
+    if alias.version is None or all(value is None for value in policy.values()):
+        return False
+    violations = policy_violations(compare(version, alias.version, alias.name), policy)
+    if not violations:
+        return False
+    if not force:
+        raise Conflict(
+            f"version {version.version} breaks the policy of '{alias.name}' against version {alias.version.version}: "
+            f"{'; '.join(violations)}. Send force=true with a reason to set it anyway.",
+            detail={"policy": policy, "violations": violations},
+        )
+    if not reason.strip():
+        raise InvalidInput("force=true needs a reason")
+    return True
+
+
+@transaction.atomic(durable=True)
+def alias_set_policy(
+    *, model: RegisteredModel, alias_name: str, actor: Actor, changes: dict[str, float | None]
+) -> Alias:
+    """Set or clear (None) an alias's promotion policy; admins only, audited."""
+    if not has_role(actor.user, Role.ADMIN):
+        raise PermissionDenied("changing an alias's policy needs the admin role")
+    unknown = set(changes) - set(POLICY_FIELDS)
+    if unknown:
+        raise TypeError(f"alias_set_policy() got unexpected fields {sorted(unknown)}")
+    model = _locked_model(model)
+    alias = _locked_alias(model, alias_name, create=True)
+    assert alias is not None
+    before = alias_policy(alias)
+    for name, value in changes.items():
+        setattr(alias, name, value)
+    alias.save(update_fields=[*changes, "updated_at"])
+    audit_record(
+        actor=actor,
+        action="alias.policy",
+        target_type="alias",
+        target=f"{model.name}@{alias.name}",
+        model_name=model.name,
+        before=before,
+        after=alias_policy(alias),
+    )
+    return alias
+
+
 @transaction.atomic(durable=True)
 def alias_set(
     *, model: RegisteredModel, alias_name: str, version_number: int, actor: Actor, reason: str = "", force: bool = False
@@ -187,6 +243,7 @@ def alias_set(
     if alias.version_id == version.pk:
         return AliasOutcome(alias=alias)
     forced = _check_signature(alias, version, force=force, reason=reason)
+    forced = _check_policy(alias, version, force=force, reason=reason) or forced
     if alias.protected:
         duplicate = alias.promotions.filter(state=PromotionState.PENDING, version=version).first()
         if duplicate is not None:

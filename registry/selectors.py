@@ -18,11 +18,13 @@ from registry.models import (
     Alias,
     AliasMove,
     ApiToken,
+    DeriveJob,
     ModelFile,
     ModelVersion,
     PromotionRequest,
     RegisteredModel,
     Role,
+    VersionBenchmark,
     VersionStatus,
 )
 
@@ -146,3 +148,12 @@ def user_list() -> QuerySet[Any]:
     """Every user with their groups (the roles), by name."""
     roles = Prefetch("groups", queryset=Group.objects.filter(name__in=Role.values).order_by("name"), to_attr="roles")
     return get_user_model().objects.prefetch_related(roles).order_by("username")
+
+
+def derive_job_list(*, source: ModelVersion | None = None) -> QuerySet[DeriveJob]:
+    jobs = DeriveJob.objects.select_related("source__model", "result", "requested_by")
+    return jobs.filter(source=source) if source is not None else jobs
+
+
+def benchmark_list(*, version: ModelVersion) -> QuerySet[VersionBenchmark]:
+    return VersionBenchmark.objects.filter(version=version).select_related("version").order_by("provider")

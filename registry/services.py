@@ -25,11 +25,14 @@ from django.utils.http import urlsafe_base64_encode
 from registry import webhooks
 from registry.audit import SYSTEM, Actor, audit_record
 from registry.auth import has_role
+from registry.benchmarks import benchmarks_request
 from registry.errors import Conflict, InvalidInput, NotFound, PermissionDenied
 from registry.models import (
     ApiToken,
     AuditEvent,
+    DeriveJob,
     FileRole,
+    JobStatus,
     ModelFile,
     ModelVersion,
     RegisteredModel,
@@ -38,6 +41,7 @@ from registry.models import (
     WebhookEvent,
 )
 from registry.promotions import alias_create_defaults
+from registry.serving import fleet_providers
 from registry.validation import ValidationResult
 
 logger = logging.getLogger(__name__)
@@ -115,6 +119,16 @@ class StoredFile:
     size_bytes: int
 
 
+@dataclass(frozen=True)
+class Derivation:
+    """What makes an upload a derived version: its parent, how it was built, how far its outputs moved, its job."""
+
+    parent: ModelVersion
+    recipe: dict[str, Any]
+    accuracy: dict[str, Any]
+    job_id: int
+
+
 @transaction.atomic(durable=True)
 def version_create(
     *,
@@ -123,6 +137,7 @@ def version_create(
     description: str = "",
     metadata: dict[str, Any] | None = None,
     actor: Actor,
+    derivation: Derivation | None = None,
 ) -> ModelVersion:
     """Record an uploaded bundle as a new ``pending`` version: the inner, transactional step of an upload.
 
@@ -144,6 +159,9 @@ def version_create(
         sha256=onnx_file.sha256,
         size_bytes=sum(f.size_bytes for f in files),
         created_by=actor.user,
+        derived_from=derivation.parent if derivation else None,
+        recipe=derivation.recipe if derivation else {},
+        accuracy=derivation.accuracy if derivation else {},
     )
     ModelFile.objects.bulk_create(
         ModelFile(
@@ -156,18 +174,26 @@ def version_create(
         )
         for index, f in enumerate(files)
     )
+    after: dict[str, Any] = {
+        "version": version.version,
+        "sha256": version.sha256,
+        "size_bytes": version.size_bytes,
+        "files": [{"name": f.name, "sha256": f.sha256, "size_bytes": f.size_bytes} for f in files],
+    }
+    if derivation is not None:
+        after.update(derived_from=derivation.parent.version, recipe=derivation.recipe, job=derivation.job_id)
+        finished = DeriveJob.objects.filter(pk=derivation.job_id, status=JobStatus.RUNNING).update(
+            status=JobStatus.SUCCEEDED, result=version, finished_at=timezone.now(), error=""
+        )
+        if not finished:
+            raise Conflict(f"derive job {derivation.job_id} is no longer running; its result is not recorded")
     audit_record(
         actor=actor,
-        action="version.upload",
+        action="version.derive" if derivation else "version.upload",
         target_type="version",
         target=f"{model.name}/{version.version}",
         model_name=model.name,
-        after={
-            "version": version.version,
-            "sha256": version.sha256,
-            "size_bytes": version.size_bytes,
-            "files": [{"name": f.name, "sha256": f.sha256, "size_bytes": f.size_bytes} for f in files],
-        },
+        after=after,
     )
     return version
 
@@ -248,6 +274,8 @@ def version_record_validation(*, version_id: int, result: ValidationResult) -> M
     version.producer = result.producer
     version.validated_at = timezone.now()
     version.save()
+    if result.ok:  # benchmarked on the serving hardware: inference processes take these rows
+        benchmarks_request(version, providers=fleet_providers())
     if result.external_data_files:
         version.files.filter(name__in=result.external_data_files, role=FileRole.EXTRA).update(
             role=FileRole.EXTERNAL_DATA
@@ -569,3 +597,46 @@ def user_password_set(*, user: Any, password: str, actor: Actor) -> None:
     user.set_password(password)
     user.save(update_fields=["password"])
     user_access_record(user_id=user.pk, before=before, actor=actor)
+
+
+# --- Derive jobs ------------------------------------------------------------------------------------
+
+
+def derive_claim(*, job_id: int) -> bool:
+    """Take a pending derive job; False when another delivery of the task already took it."""
+    return bool(
+        DeriveJob.objects.filter(pk=job_id, status=JobStatus.PENDING).update(
+            status=JobStatus.RUNNING, started_at=timezone.now()
+        )
+    )
+
+
+@transaction.atomic(durable=True)
+def derive_fail(*, job_id: int, error: str) -> None:
+    """Record why a running derive job produced no version."""
+    job = DeriveJob.objects.select_related("source__model").filter(pk=job_id, status=JobStatus.RUNNING).first()
+    if job is None:
+        return
+    job.status, job.error, job.finished_at = JobStatus.FAILED, error, timezone.now()
+    job.save(update_fields=["status", "error", "finished_at"])
+    model = job.source.model
+    audit_record(
+        actor=SYSTEM,
+        action="version.derive.fail",
+        target_type="version",
+        target=f"{model.name}/{job.source.version}",
+        model_name=model.name,
+        after={"job": job.pk, "recipe": job.recipe, "error": error},
+    )
+
+
+def derive_jobs_fail_lost(*, older_than: timedelta) -> list[int]:
+    """Fail the derive jobs still ``running`` long past their limit: the worker running them was lost."""
+    before = timezone.now() - older_than
+    lost = list(DeriveJob.objects.filter(status=JobStatus.RUNNING, started_at__lt=before).values_list("pk", flat=True))
+    for job_id in lost:
+        derive_fail(
+            job_id=job_id,
+            error="the derivation was lost: the worker running it stopped before it finished; derive again",
+        )
+    return lost

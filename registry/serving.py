@@ -10,6 +10,9 @@ crosses the seam are typed, frozen rows, never ORM objects or dicts read back by
 - the laggards of ``PUT alias?wait=``: online workers that do not serve a version yet
   (:func:`fleet_laggards`, :func:`fleet_wait`);
 - the token check of ``/v2`` (:func:`token_may_infer`);
+- benchmarks: the providers the fleet serves with (:func:`fleet_providers`), and the jobs an
+  inference process takes for its provider, measures in a bounded child and writes back
+  (``benchmark_claim``, ``benchmark_measure``, ``benchmark_record`` from ``registry/benchmarks.py``);
 - and what the runtime borrows from the registry as it is: the datatype table, the synthetic
   inputs of warm-up, the alias-change listener, and the reading of a version's ``tokenizer.json``
   (``registry/text_input.py``, which validation uses too).
@@ -32,6 +35,8 @@ from django.utils import timezone
 
 from registry import clients, notify
 from registry.auth import authenticate_token, bearer_token, has_role, split_token
+from registry.benchmarks import SHARED_NOTE, BenchmarkJob, benchmark_claim, benchmark_measure, benchmark_record
+from registry.child_process import ChildOutcome
 from registry.datatypes import NUMPY_OF
 from registry.models import PRODUCTION, Alias, FileRole, InferenceWorker, Role, ServingStrategy, VersionStatus
 from registry.text_input import TEXT_INPUT, TOKENIZER_FILE, TokenizerError, load_tokenizer, pad_encodings
@@ -40,10 +45,13 @@ from registry.validation import synthetic_inputs
 __all__ = [
     "NUMPY_OF",
     "PRODUCTION",
+    "SHARED_NOTE",
     "TEXT_INPUT",
     "TOKENIZER_FILE",
     "TRAFFIC_BUCKETS",
     "TRAFFIC_BUCKET_SECONDS",
+    "BenchmarkJob",
+    "ChildOutcome",
     "DesiredState",
     "DeviceRow",
     "FleetWorker",
@@ -58,10 +66,14 @@ __all__ = [
     "WorkerReport",
     "alias_changes",
     "bearer_token",
+    "benchmark_claim",
+    "benchmark_measure",
+    "benchmark_record",
     "caller_address",
     "desired_state",
     "fleet_laggards",
     "fleet_list",
+    "fleet_providers",
     "fleet_wait",
     "is_online",
     "load_tokenizer",
@@ -339,6 +351,13 @@ def worker_leave(worker_id: str) -> None:
 def offline_after() -> timedelta:
     """The one definition of offline: three missed heartbeats, and never less than 15 s."""
     return timedelta(seconds=max(3 * settings.FLEET_HEARTBEAT_SECONDS, MIN_OFFLINE_SECONDS))
+
+
+def fleet_providers() -> set[str]:
+    """The providers online inference processes serve with; the CPU's when none is online (the embedded default)."""
+    since = timezone.now() - offline_after()
+    providers = set(InferenceWorker.objects.filter(heartbeat_at__gte=since).values_list("provider", flat=True))
+    return providers or {"CPUExecutionProvider"}
 
 
 def is_online(heartbeat_at: datetime, *, now: datetime | None = None) -> bool:

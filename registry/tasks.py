@@ -18,6 +18,7 @@ from registry import (
     artifacts,
     audit,
     audit_verify,
+    benchmarks,
     inprocess,
     promotions,
     selectors,
@@ -55,6 +56,22 @@ def sweep_stuck_versions(pending_older_than_seconds: int = 300) -> list[int]:
     for version_id in ids:
         validation_requeue(version_id)
     return ids
+
+
+# A job still running this long past its own limit was lost with its worker.
+LOST_JOB_GRACE_SECONDS = 600
+
+
+@shared_task
+def fail_lost_jobs() -> dict[str, list[int]]:
+    """Fail derive jobs and benchmarks whose worker died mid-run (each child is bounded, so they never end)."""
+    grace = timedelta(seconds=LOST_JOB_GRACE_SECONDS)
+    return {
+        "derive": services.derive_jobs_fail_lost(older_than=timedelta(seconds=settings.DERIVE_TIMEOUT_SECONDS) + grace),
+        "benchmarks": benchmarks.benchmarks_fail_lost(
+            older_than=timedelta(seconds=settings.BENCHMARK_TIMEOUT_SECONDS) + grace
+        ),
+    }
 
 
 @shared_task

@@ -37,9 +37,11 @@ from registry.api.multipart import MultipartUpload
 from registry.audit import actor_from_request, audit_access_denied, audit_event_list
 from registry.audit_verify import audit_verify
 from registry.auth import has_role
+from registry.comparison import compare, policy_violations
 from registry.errors import InvalidInput, PayloadTooLarge, PermissionDenied, RegistryError
 from registry.models import (
     PRODUCTION,
+    Alias,
     ModelVersion,
     PromotionKind,
     PromotionRequest,
@@ -242,6 +244,9 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
         "others": [v.version for v in selectors.version_list(model=model) if v.pk != version.pk],
         "metadata": json.dumps(version.metadata, indent=2, sort_keys=True) if version.metadata else "",
         "settled": version.status in (VersionStatus.READY, VersionStatus.FAILED),
+        "version_benchmarks": [(version, list(selectors.benchmark_list(version=version)))],
+        "derive_jobs": list(selectors.derive_job_list(source=version)[:10]),
+        "derived": [v.version for v in selectors.version_list(model=model) if v.derived_from_id == version.pk],
     }
     return render(request, "modelyard/ui/version.html", context)
 
@@ -351,10 +356,21 @@ def _file_diff(old: ModelVersion, new: ModelVersion) -> list[dict[str, Any]]:
     ]
 
 
-def comparison(old: ModelVersion, new: ModelVersion) -> dict[str, Any]:
-    """What a reviewer reads when ``new`` would replace ``old``: signature, metadata and files side by side."""
+def comparison(old: ModelVersion, new: ModelVersion, alias: Alias | None = None) -> dict[str, Any]:
+    """What a reviewer reads when ``new`` replaces ``old``: speed and accuracy measured, signature, metadata, files.
+
+    With the alias the move is for, its policy (``registry.promotions``) is checked too, as the service will.
+    """
     changes = signature_compare(old.signature, new.signature)
+    measured = compare(new, old, alias.name if alias is not None else "")
+    policy = promotions.alias_policy(alias) if alias is not None else {}
+    derived = new if new.derived_from_id == old.pk else (old if old.derived_from_id == new.pk else None)
     return {
+        "measured": measured,
+        "benchmarks": [(v, list(selectors.benchmark_list(version=v))) for v in (old, new)],
+        "derived": derived,
+        "policy": {name: value for name, value in policy.items() if value is not None},
+        "policy_violations": policy_violations(measured, policy) if policy else [],
         "old": old,
         "new": new,
         "signature": changes,
@@ -397,7 +413,7 @@ def _promote_page(
         number = 0
     candidate = next((v for v in ready if v.version == number), None)
     current = alias.version if alias is not None else None
-    diff = comparison(current, candidate) if current is not None and candidate is not None else None
+    diff = comparison(current, candidate, alias) if current is not None and candidate is not None else None
     context = {
         "model": model,
         "form": form,
@@ -487,7 +503,7 @@ def _promotion_review(
 ) -> HttpResponse:
     diff = None
     if promotion.kind == PromotionKind.MOVE and promotion.version is not None and promotion.base_version is not None:
-        diff = comparison(promotion.base_version, promotion.version)
+        diff = comparison(promotion.base_version, promotion.version, promotion.alias)
     context = {
         "promotion": promotion,
         "diff": diff,

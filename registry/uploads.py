@@ -103,8 +103,13 @@ class LocalUpload:
 
 
 @metrics.timed_upload
-def version_upload(*, model: RegisteredModel, source: UploadSource, actor: Actor) -> ModelVersion:
+def version_upload(
+    *, model: RegisteredModel, source: UploadSource, actor: Actor, derivation: services.Derivation | None = None
+) -> ModelVersion:
     """Store, check and record one upload as a new ``pending`` version of ``model``; queue its validation.
+
+    ``derivation`` marks a version built from another (``registry/derive_job.py``): it records the
+    parent, the recipe and the accuracy delta, and finishes the derive job in the same transaction.
 
     Raises a :class:`~registry.errors.RegistryError` naming what was refused, and then leaves
     nothing behind: no row, and no stored object (short of storage refusing the deletes, when the
@@ -117,7 +122,7 @@ def version_upload(*, model: RegisteredModel, source: UploadSource, actor: Actor
         _store_files(files, prefix=prefix, stored=stored)
         description, metadata = _checked_fields(source.fields())
         version = services.version_create(
-            model=model, files=stored, description=description, metadata=metadata, actor=actor
+            model=model, files=stored, description=description, metadata=metadata, actor=actor, derivation=derivation
         )
     except BaseException:
         # Nothing was committed: version_create raised before its commit, or was never reached.

@@ -65,6 +65,7 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
     model = serializers.CharField(source="model.name", read_only=True)
     files = FileSerializer(many=True, read_only=True)
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
+    derived_from = serializers.IntegerField(source="derived_from.version", default=None, read_only=True)
 
     class Meta:
         model = ModelVersion
@@ -86,5 +87,8 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
             "created_by",
             "created_at",
             "validated_at",
+            "derived_from",
+            "recipe",
+            "accuracy",
         ]
         read_only_fields = fields

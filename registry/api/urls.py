@@ -1,6 +1,6 @@
 from django.urls import include, path
 
-from registry.api import alias_views, fleet_views, token_views, views, webhook_views
+from registry.api import alias_views, derive_views, fleet_views, token_views, views, webhook_views
 
 urlpatterns = [
     path("models", views.ModelListCreate.as_view(), name="model-list"),
@@ -8,6 +8,15 @@ urlpatterns = [
     path("models/<str:name>/versions", views.VersionListUpload.as_view(), name="version-list"),
     path("models/<str:name>/versions/<int:version>", views.VersionDetail.as_view(), name="version-detail"),
     path("models/<str:name>/versions/<int:version>/download", views.VersionDownload.as_view(), name="version-download"),
+    path(
+        "models/<str:name>/versions/<int:version>/derive", derive_views.VersionDerive.as_view(), name="version-derive"
+    ),
+    path(
+        "models/<str:name>/versions/<int:version>/benchmarks",
+        derive_views.VersionBenchmarks.as_view(),
+        name="version-benchmarks",
+    ),
+    path("derive-jobs/<int:pk>", derive_views.DeriveJobDetail.as_view(), name="derive-job-detail"),
     path("models/<str:name>/aliases", alias_views.AliasList.as_view(), name="alias-list"),
     path("models/<str:name>/aliases/<str:alias>", alias_views.AliasDetail.as_view(), name="alias-detail"),
     path("models/<str:name>/aliases/<str:alias>/rollback", alias_views.AliasRollback.as_view(), name="alias-rollback"),

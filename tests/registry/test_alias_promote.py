@@ -34,7 +34,15 @@ def actions() -> list[str]:
 def test_new_model_has_protected_served_production_alias(owner, registered):
     [alias] = owner.get(ALIASES).json()
     del alias["updated_at"]
-    assert alias == {"alias": "production", "version": None, "protected": True, "served": True}
+    assert alias == {
+        "alias": "production",
+        "version": None,
+        "protected": True,
+        "served": True,
+        "max_slowdown_percent": None,
+        "min_cosine": None,
+        "max_abs_diff": None,
+    }
 
 
 def test_set_unprotected_alias_moves_it_and_records_history(owner, two_versions):

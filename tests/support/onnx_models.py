@@ -189,3 +189,50 @@ def string_parsing_model() -> onnx.ModelProto:
         helper.make_node("ReduceSum", ["numbers", "axes"], ["sum"], keepdims=1),
     ]
     return _model(helper.make_graph(nodes, "simple_string", [text], [total], [axes]))
+
+
+def classifier_model(*, features: int = 64, classes: int = 10, seed: int = 1) -> onnx.ModelProto:
+    """scores = x @ W + B: a linear classifier, x of shape [N, features] (N dynamic), scores [N, classes]."""
+    rng = np.random.default_rng(seed)
+    weights = numpy_helper.from_array(rng.standard_normal((features, classes)).astype(np.float32), "W")
+    bias = numpy_helper.from_array(rng.standard_normal(classes).astype(np.float32), "B")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", features])
+    scores = helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["N", classes])
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Add", ["h", "B"], ["scores"])]
+    return _model(helper.make_graph(nodes, "classifier", [x], [scores], [weights, bias]))
+
+
+def mlp_model(*, features: int = 32, hidden: int = 256, outputs: int = 8, seed: int = 2) -> onnx.ModelProto:
+    """A two-layer MLP (MatMul, Add, Relu, MatMul, Add) with [N, features] in and [N, outputs] out."""
+    rng = np.random.default_rng(seed)
+    init = [
+        numpy_helper.from_array((rng.standard_normal((features, hidden)) / 4).astype(np.float32), "W1"),
+        numpy_helper.from_array(rng.standard_normal(hidden).astype(np.float32) / 4, "B1"),
+        numpy_helper.from_array((rng.standard_normal((hidden, outputs)) / 8).astype(np.float32), "W2"),
+        numpy_helper.from_array(rng.standard_normal(outputs).astype(np.float32), "B2"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", features])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", outputs])
+    nodes = [
+        helper.make_node("MatMul", ["x", "W1"], ["h1"]),
+        helper.make_node("Add", ["h1", "B1"], ["h2"]),
+        helper.make_node("Relu", ["h2"], ["h3"]),
+        helper.make_node("MatMul", ["h3", "W2"], ["h4"]),
+        helper.make_node("Add", ["h4", "B2"], ["y"]),
+    ]
+    return _model(helper.make_graph(nodes, "mlp", [x], [y], init))
+
+
+def masked_model(*, width: int = 8, seed: int = 3) -> onnx.ModelProto:
+    """y = (x * Cast(mask, FLOAT)) @ W, as BERT exports cast their attention mask: x float [N, width], mask int64."""
+    rng = np.random.default_rng(seed)
+    weights = numpy_helper.from_array(rng.standard_normal((width, width)).astype(np.float32), "W")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])
+    mask = helper.make_tensor_value_info("mask", TensorProto.INT64, ["N", width])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])
+    nodes = [
+        helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT),
+        helper.make_node("Mul", ["x", "m"], ["xm"]),
+        helper.make_node("MatMul", ["xm", "W"], ["y"]),
+    ]
+    return _model(helper.make_graph(nodes, "masked", [x, mask], [y], [weights]))
