@@ -28,7 +28,7 @@ from inference.batcher import Batcher
 from inference.cache import ArtifactCache
 from inference.errors import InferenceError
 from inference.protocol import BodyLimit, body_limit, can_batch, decode_request
-from inference.sessions import build_session, device_description
+from inference.sessions import GPU_PROVIDERS, build_session, device_description
 from inference.statistics import VersionStats
 from inference.traffic import Traffic
 from registry import serving
@@ -85,6 +85,7 @@ class LoadedVersion:
             max_batch_size=spec.max_batch_size,
             max_queue_delay_us=spec.max_queue_delay_us,
             max_queue_size=spec.max_queue_size,
+            instances=self.instances_for(spec),
             on_batch=self._observe_batch,
             on_close=self._forget_queue_depth,
             stats=self.stats,
@@ -114,6 +115,18 @@ class LoadedVersion:
         """Every output by name; the batcher's run (``self.run`` is looked up each time, so tests can hold it)."""
         return dict(zip(self.output_names, self.run(feeds), strict=True))
 
+    def instances_for(self, spec: VersionSpec) -> int:
+        """The model's ``instances``, or by provider when unset: 2 on a GPU (one batch runs while the next is
+        merged and the last split and encoded), 1 on the CPU (one ORT run already takes every core)."""
+        if spec.instances:
+            return spec.instances
+        return 2 if self.provider in GPU_PROVIDERS else 1
+
+    @property
+    def instances(self) -> int:
+        """Batches this version runs at once."""
+        return self.batcher.instances
+
     def _observe_batch(self, requests: int, rows: int) -> None:
         self.metrics.batched(requests, self.batcher.queued)
 
@@ -130,11 +143,13 @@ class LoadedVersion:
             max_batch_size=spec.max_batch_size,
             max_queue_delay_us=spec.max_queue_delay_us,
             max_queue_size=spec.max_queue_size,
+            instances=spec.instances,
         )
         self.batcher.configure(
             max_batch_size=spec.max_batch_size,
             max_queue_delay_us=spec.max_queue_delay_us,
             max_queue_size=spec.max_queue_size,
+            instances=self.instances_for(spec),
         )
 
     def body_limit(self, default: int) -> BodyLimit:
@@ -512,6 +527,7 @@ class InferenceRuntime:
                     memory_bytes=v.memory_bytes,
                     provider=v.provider,
                     note=v.note,
+                    instances=v.instances,
                     traffic=v.traffic.summary(),
                 )
                 for vid, v in self.loaded.items()
