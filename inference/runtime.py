@@ -28,7 +28,7 @@ from inference.batcher import Batcher
 from inference.cache import ArtifactCache
 from inference.errors import InferenceError
 from inference.protocol import BodyLimit, body_limit, can_batch, decode_request
-from inference.sessions import GPU_PROVIDERS, build_session, device_description
+from inference.sessions import GPU_PROVIDERS, build_session, device_description, run_with_iobinding
 from inference.statistics import VersionStats
 from inference.traffic import Traffic
 from registry import serving
@@ -79,6 +79,7 @@ class LoadedVersion:
         self.metrics = metrics.VersionMetrics(spec.model, self.version_label)
         self.batching = can_batch(spec.signature)
         self.output_names = [output.name for output in session.get_outputs()]
+        self.io_binding = provider in GPU_PROVIDERS  # outputs bound to CPU memory (sessions.run_with_iobinding)
         self.batcher = Batcher(
             self._run_all,
             batching=self.batching,
@@ -109,6 +110,8 @@ class LoadedVersion:
                 self._cond.notify_all()
 
     def run(self, feeds: dict[str, Any], output_names: list[str] | None = None) -> list[Any]:
+        if self.io_binding:
+            return run_with_iobinding(self.session, feeds, output_names or self.output_names)
         return self.session.run(output_names, feeds)
 
     def _run_all(self, feeds: dict[str, Any]) -> dict[str, Any]:
