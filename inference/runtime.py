@@ -28,7 +28,14 @@ from inference.batcher import Batcher
 from inference.cache import ArtifactCache
 from inference.errors import InferenceError
 from inference.protocol import BodyLimit, body_limit, can_batch, decode_request
-from inference.sessions import GPU_PROVIDERS, build_session, device_description, run_with_iobinding
+from inference.sessions import (
+    GPU_PROVIDERS,
+    FixedAddressRunner,
+    build_session,
+    device_description,
+    run_with_iobinding,
+    unfixed_tensors,
+)
 from inference.statistics import VersionStats
 from inference.traffic import Traffic
 from registry import serving
@@ -65,9 +72,11 @@ class LoadedVersion:
         memory_bytes: int,
         note: str = "",
         labels: tuple[str, ...] = (),
+        runner: FixedAddressRunner | None = None,
     ) -> None:
         self.spec = spec
         self.session = session
+        self.runner = runner  # CUDA graphs: runs at fixed addresses, one at a time
         self.provider = provider
         self.load_seconds = load_seconds
         self.memory_bytes = memory_bytes
@@ -110,6 +119,8 @@ class LoadedVersion:
                 self._cond.notify_all()
 
     def run(self, feeds: dict[str, Any], output_names: list[str] | None = None) -> list[Any]:
+        if self.runner is not None:
+            return self.runner.run(output_names, feeds)
         if self.io_binding:
             return run_with_iobinding(self.session, feeds, output_names or self.output_names)
         return self.session.run(output_names, feeds)
@@ -121,6 +132,8 @@ class LoadedVersion:
     def instances_for(self, spec: VersionSpec) -> int:
         """The model's ``instances``, or by provider when unset: 2 on a GPU (one batch runs while the next is
         merged and the last split and encoded), 1 on the CPU (one ORT run already takes every core)."""
+        if self.runner is not None:
+            return 1  # one set of fixed buffers (and one captured graph): runs take turns whatever is asked
         if spec.instances:
             return spec.instances
         return 2 if self.provider in GPU_PROVIDERS else 1
@@ -210,7 +223,7 @@ class RuntimeStatus:
     db_error: str = ""
 
 
-def _warm_up(session: Any, spec: VersionSpec, samples: Path | None) -> None:
+def _warm_up(session: Any, spec: VersionSpec, samples: Path | None, runner: FixedAddressRunner | None = None) -> None:
     """One run before the version takes traffic: on its sample inputs when it has them, else on synthetic ones.
 
     Synthetic strings ("a") mean nothing to a model that parses its string inputs. Validation lets such
@@ -221,10 +234,10 @@ def _warm_up(session: Any, spec: VersionSpec, samples: Path | None) -> None:
             request = decode_request(samples.read_bytes(), None, spec.signature)
         except InferenceError as exc:
             raise ValueError(f"{SAMPLE_INPUTS_FILE}: {exc.message}") from None
-        session.run(None, request.inputs)
+        (runner or session).run(None, request.inputs)
         return
     try:
-        session.run(None, serving.synthetic_inputs(session))
+        (runner or session).run(None, serving.synthetic_inputs(session))
     except Exception as exc:
         if not any(item["datatype"] == "BYTES" for item in spec.signature.get("inputs", [])):
             raise
@@ -413,9 +426,14 @@ class InferenceRuntime:
         started = time.perf_counter()
         rss_before = _rss_bytes()
         folder = self.cache.bundle(spec.sha256, spec.files)
-        built = build_session(folder / spec.model_file)
+        built = build_session(folder / spec.model_file, fixed_address_io=not unfixed_tensors(spec.signature))
+        runner = None
+        if built.graphs:  # the session replays a captured CUDA graph: its inputs must stay where it found them
+            device = "cuda" if built.provider in GPU_PROVIDERS else "cpu"
+            runner = FixedAddressRunner(built.session, spec.signature, device=device, device_id=settings.CUDA_DEVICE_ID)
         extras = {item.name for item in spec.files}
-        _warm_up(built.session, spec, folder / SAMPLE_INPUTS_FILE if SAMPLE_INPUTS_FILE in extras else None)
+        samples = folder / SAMPLE_INPUTS_FILE if SAMPLE_INPUTS_FILE in extras else None
+        _warm_up(built.session, spec, samples, runner)
         loaded = LoadedVersion(
             spec,
             built.session,
@@ -424,6 +442,7 @@ class InferenceRuntime:
             memory_bytes=max(0, _rss_bytes() - rss_before),
             note=built.note,
             labels=_read_labels(folder / LABELS_FILE) if LABELS_FILE in extras else (),
+            runner=runner,
         )
         logger.info("loaded %s v%s on %s in %.2fs", spec.model, spec.version, built.provider, loaded.load_seconds)
         return loaded
