@@ -94,16 +94,18 @@ class Batcher:
         self._closed = False
 
     def configure(
-        self, *, max_batch_size: int, max_queue_delay_us: int, max_queue_size: int, instances: int = 1
+        self, *, max_batch_size: int, max_queue_delay_us: int, max_queue_size: int, instances: int | None = None
     ) -> None:
         """Take new settings; safe from any thread, since each is one attribute read where it is used.
 
-        Fewer ``instances`` take effect as batches in flight finish; more, from the next batch on.
+        ``instances`` None keeps the current number. Fewer take effect as batches in flight finish;
+        more, once the batch in flight ends.
         """
         self.max_batch_size = max(1, max_batch_size)
         self.max_delay = max_queue_delay_us / 1e6
         self.max_queue_size = max_queue_size
-        self.instances = min(MAX_INSTANCES, max(1, instances))
+        if instances is not None:
+            self.instances = min(MAX_INSTANCES, max(1, instances))
 
     @property
     def queued(self) -> int:
