@@ -42,6 +42,7 @@ from inference.errors import (
 )
 from inference.protocol import BodyLimit, InferRequest
 from inference.runtime import InferenceRuntime, LoadedVersion, NotLoaded
+from inference.sessions import GPU_PROVIDERS
 from inference.throttle import Throttle, retry_after
 
 PLATFORM = "onnxruntime_onnx"
@@ -221,7 +222,7 @@ class DataPlane:
             "input": [_config_tensor(s, batched) for s in spec.signature.get("inputs", [])],
             "output": [_config_tensor(s, batched) for s in spec.signature.get("outputs", [])],
             "instance_group": [
-                {"kind": "KIND_GPU" if "CUDA" in loaded.provider else "KIND_CPU", "count": loaded.instances}
+                {"kind": "KIND_GPU" if loaded.provider in GPU_PROVIDERS else "KIND_CPU", "count": loaded.instances}
             ],
             "parameters": {"execution_provider": {"string_value": loaded.provider}},
         }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 import zlib
 from collections.abc import Container, Iterable
@@ -193,17 +194,23 @@ def split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict
     return header, binary
 
 
+_LONG_NUMBER = re.compile(rb"\d{20}")  # 20 digits may pass 2**64; 19 never do
+
+
 def loads(data: bytes | bytearray | memoryview) -> Any:
     """Parse JSON with orjson (several times faster on tensor data); what orjson refuses goes to ``json``.
 
-    orjson is stricter than the standard parser (bare NaN and Infinity, integers past 64 bits, lone
-    surrogates, deep nesting), and the standard parser's answer, or its error, is the one clients
-    have always had: so any body orjson refuses is parsed again by ``json``, which decides.
+    orjson is stricter than the standard parser (bare NaN and Infinity, lone surrogates, deep
+    nesting) and reads integers past 64 bits as floats; the standard parser's answer, or its error,
+    is the one clients have always had: so a body orjson refuses, or one with a run of 20 digits,
+    goes to ``json``, which decides.
     """
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+    if _LONG_NUMBER.search(data) is None:  # orjson would read an integer past 64 bits as a float
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(bytes(data) if isinstance(data, memoryview) else data)
 
 
 def _shape(name: str, shape: Any) -> list[int]:
