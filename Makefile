@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 ORT ?= $(if $(wildcard $(VENV)/.installed-gpu),gpu,cpu)
 GPU_CHECK_VENV := build/gpu-wheel-check
 
-.PHONY: install install-gpu run test lint typecheck services bench check-gpu-wheel clean
+.PHONY: install install-gpu run test lint typecheck services bench bench-install bench-serve check-gpu-wheel clean
 
 install: $(VENV)/.installed-$(ORT)
 
@@ -56,6 +56,15 @@ test: install services lint typecheck check-gpu-wheel
 
 bench: install services
 	$(BIN)/python bench/upload.py
+
+# bench/serve.py's extras: FastAPI for the naive baseline, py-spy to profile; wrk and h2load generate the load.
+bench-install: install
+	$(BIN)/pip install --quiet -e '.[$(ORT),bench]'
+	@command -v wrk >/dev/null && command -v h2load >/dev/null || echo "also: apt-get install -y wrk nghttp2-client"
+
+# The issue 14 ratios, three rounds: served/raw batch-32 and served/naive at 64 clients, single-client p50 overhead.
+bench-serve: bench-install
+	$(BIN)/python bench/serve.py --clients 1,64 --rounds 3
 
 clean:
 	rm -rf $(VENV) .modelyard .pytest_cache .mypy_cache .ruff_cache

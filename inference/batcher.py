@@ -1,6 +1,9 @@
 """A per-version dynamic batcher: concurrent requests with matching shapes become one ONNX Runtime run.
 
-One batch runs on the device while the queue forms the next. A batch closes when it reaches
+Up to ``instances`` batches run at once (Triton's ``instance_group.count``) while the queue forms the
+next; they share the version's one ORT session, whose ``run()`` is thread-safe, on as many worker
+threads. One instance suits the CPU, where a single run already uses every core; two keep a GPU busy
+while one batch is being merged, split and encoded. A batch closes when it reaches
 ``max_batch_size`` or when its oldest request has waited ``max_queue_delay``. Requests carry a
 priority (lower first, 0 = default) and an optional timeout, as in Triton; the queue is bounded
 and a full queue is refused at once. As in Triton, a request waiting for its batch to fill still
@@ -32,6 +35,7 @@ from inference.statistics import VersionStats
 __all__ = ["Batcher", "Overloaded", "RequestTimeout", "batch_key"]
 
 DEFAULT_PRIORITY = 10
+MAX_INSTANCES = 16  # the registry's bound on a model's ``instances``; the worker threads are made as needed
 Arrays = dict[str, np.ndarray]
 
 
@@ -61,6 +65,7 @@ class Batcher:
         max_batch_size: int,
         max_queue_delay_us: int,
         max_queue_size: int,
+        instances: int = 1,
         on_batch: Callable[[int, int], None] | None = None,
         on_close: Callable[[], None] | None = None,
         stats: VersionStats | None = None,
@@ -68,7 +73,10 @@ class Batcher:
         self._run = run
         self.batching = batching
         self.configure(
-            max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us, max_queue_size=max_queue_size
+            max_batch_size=max_batch_size,
+            max_queue_delay_us=max_queue_delay_us,
+            max_queue_size=max_queue_size,
+            instances=instances,
         )
         self._on_batch = on_batch
         self._on_close = on_close
@@ -77,17 +85,27 @@ class Batcher:
         self._filling: list[_Item] = []  # requests taken from the queue into a batch that is still filling
         self._seq = itertools.count()
         self._arrived = asyncio.Event()
-        self._slot = asyncio.Semaphore(1)  # one batch in flight while the next one forms
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ort-run")
+        self._running = 0  # batches in flight, at most ``instances``
+        self._freed = asyncio.Event()  # a batch finished: the runner may start the next
+        # Threads start only when no idle one is left, so there are as many as batches ever ran at once.
+        self._executor = ThreadPoolExecutor(max_workers=MAX_INSTANCES, thread_name_prefix="ort-run")
         self._runner: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first request
         self._closed = False
 
-    def configure(self, *, max_batch_size: int, max_queue_delay_us: int, max_queue_size: int) -> None:
-        """Take new settings; safe from any thread, since each is one attribute read where it is used."""
+    def configure(
+        self, *, max_batch_size: int, max_queue_delay_us: int, max_queue_size: int, instances: int | None = None
+    ) -> None:
+        """Take new settings; safe from any thread, since each is one attribute read where it is used.
+
+        ``instances`` None keeps the current number. Fewer take effect as batches in flight finish;
+        more, once the batch in flight ends.
+        """
         self.max_batch_size = max(1, max_batch_size)
         self.max_delay = max_queue_delay_us / 1e6
         self.max_queue_size = max_queue_size
+        if instances is not None:
+            self.instances = min(MAX_INSTANCES, max(1, instances))
 
     @property
     def queued(self) -> int:
@@ -140,12 +158,19 @@ class Batcher:
             while not self._queue:
                 self._arrived.clear()
                 await self._arrived.wait()
-            await self._slot.acquire()
+            while self._running >= self.instances:
+                self._freed.clear()
+                await self._freed.wait()
+            self._running += 1
             batch = await self._gather()
             if not batch:
-                self._slot.release()
+                self._running -= 1
                 continue
             asyncio.get_running_loop().create_task(self._execute(batch))
+
+    def _slot_done(self) -> None:
+        self._running -= 1
+        self._freed.set()
 
     def _take_live(self) -> _Item | None:
         now = time.monotonic()
@@ -218,7 +243,7 @@ class Batcher:
                 if not item.future.done():
                     item.future.set_result(result)
         finally:
-            self._slot.release()
+            self._slot_done()
 
     async def _execute_alone(self, loop: asyncio.AbstractEventLoop, item: _Item) -> None:
         try:

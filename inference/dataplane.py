@@ -43,6 +43,7 @@ from inference.errors import (
 )
 from inference.protocol import BodyLimit, InferRequest
 from inference.runtime import InferenceRuntime, LoadedVersion, NotLoaded
+from inference.sessions import GPU_PROVIDERS
 from inference.text import TEXT_INPUT
 from inference.throttle import Throttle, retry_after
 
@@ -231,7 +232,9 @@ class DataPlane:
             "max_batch_size": spec.max_batch_size if batched else 0,
             "input": [_config_tensor(s, batched) for s in spec.signature.get("inputs", [])],
             "output": [_config_tensor(s, batched) for s in spec.signature.get("outputs", [])],
-            "instance_group": [{"kind": "KIND_GPU" if "CUDA" in loaded.provider else "KIND_CPU", "count": 1}],
+            "instance_group": [
+                {"kind": "KIND_GPU" if loaded.provider in GPU_PROVIDERS else "KIND_CPU", "count": loaded.instances}
+            ],
             "parameters": {"execution_provider": {"string_value": loaded.provider}},
         }
         if batched:

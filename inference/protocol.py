@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 import zlib
 from collections.abc import Container, Iterable
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from inference.errors import BodyTooLarge, InvalidInput, UnsupportedEncoding
 from registry.serving import NUMPY_OF, TEXT_INPUT, TOKENIZER_FILE
@@ -184,7 +186,7 @@ def split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict
             raise InvalidInput(f"Inference-Header-Content-Length is {length} but the body has only {len(body)} bytes")
         json_part, binary = body[:length], memoryview(body)[length:]
     try:
-        header = json.loads(json_part)
+        header = loads(json_part)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"the request is not valid JSON: {exc}") from exc
     except RecursionError:
@@ -192,6 +194,25 @@ def split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict
     if not isinstance(header, dict):
         raise InvalidInput("the request must be a JSON object")
     return header, binary
+
+
+_LONG_NUMBER = re.compile(rb"\d{20}")  # 20 digits may pass 2**64; 19 never do
+
+
+def loads(data: bytes | bytearray | memoryview) -> Any:
+    """Parse JSON with orjson (several times faster on tensor data); what orjson refuses goes to ``json``.
+
+    orjson is stricter than the standard parser (bare NaN and Infinity, lone surrogates, deep
+    nesting) and reads integers past 64 bits as floats; the standard parser's answer, or its error,
+    is the one clients have always had: so a body orjson refuses, or one with a run of 20 digits,
+    goes to ``json``, which decides.
+    """
+    if _LONG_NUMBER.search(data) is None:  # orjson would read an integer past 64 bits as a float
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(bytes(data) if isinstance(data, memoryview) else data)
 
 
 def _shape(name: str, shape: Any) -> list[int]:
@@ -534,6 +555,14 @@ def binary_output(array: np.ndarray, datatype: str) -> bytes:
     return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
 
 
+def _binary_view(array: np.ndarray, datatype: str) -> bytes | memoryview:
+    """:func:`binary_output` without its copy: a view of the (little-endian, contiguous) array's own memory."""
+    if datatype == "BYTES":
+        return _bytes_payload(array)
+    data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    return memoryview(data.data).cast("B") if data.size else b""  # an empty view cannot be cast
+
+
 def _bytes_payload(array: np.ndarray) -> bytes:
     parts = []
     for value in array.reshape(-1):
@@ -543,10 +572,18 @@ def _bytes_payload(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def _json_data(array: np.ndarray) -> list[Any]:
+# Arrays orjson writes itself (OPT_SERIALIZE_NUMPY), with no Python float or int per element.
+_ORJSON_NUMPY = frozenset(
+    np.dtype(t).str for t in (np.float32, np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16)
+) | frozenset(np.dtype(t).str for t in (np.uint32, np.uint64, np.bool_))
+
+
+def _json_data(array: np.ndarray) -> list[Any] | np.ndarray:
     flat = array.reshape(-1)
     if output_datatype(array) == "BYTES":
         return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat]
+    if flat.dtype.str in _ORJSON_NUMPY and (flat.dtype.kind != "f" or np.isfinite(flat).all()):
+        return np.ascontiguousarray(flat)  # orjson writes it; floats in their shortest form for their width
     values = list(flat.tolist())
     if flat.dtype.kind == "f" and not np.isfinite(flat).all():
         # JSON has no NaN or Infinity: send them as strings, as the proto3 JSON mapping does (numpy parses them back).
@@ -559,12 +596,12 @@ def encode_response(
 ) -> tuple[bytes, dict[str, str]]:
     """The response body and headers: plain JSON, or JSON followed by binary outputs."""
     outputs = []
-    blobs = []
+    blobs: list[bytes | memoryview] = []
     for name in request.outputs:
         array = values[name]
         entry: dict[str, Any] = {"name": name, "datatype": output_datatype(array), "shape": list(array.shape)}
         if name in request.binary_outputs:
-            blob = binary_output(array, entry["datatype"])
+            blob = _binary_view(array, entry["datatype"])
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
@@ -573,10 +610,11 @@ def encode_response(
     body: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": outputs}
     if request.id is not None:
         body["id"] = request.id
-    header = json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
+    header = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return header, {"content-type": "application/json"}
-    return header + b"".join(blobs), {
+    # One copy of each output's bytes, straight from its array into the body.
+    return b"".join([header, *blobs]), {
         "content-type": "application/octet-stream",
         "inference-header-content-length": str(len(header)),
     }

@@ -29,7 +29,14 @@ from inference.benchmarks import BenchmarkRunner
 from inference.cache import ArtifactCache
 from inference.errors import InferenceError
 from inference.protocol import BodyLimit, body_limit, can_batch, decode_request
-from inference.sessions import build_session, device_description
+from inference.sessions import (
+    GPU_PROVIDERS,
+    FixedAddressRunner,
+    build_session,
+    device_description,
+    run_with_iobinding,
+    unfixed_tensors,
+)
 from inference.statistics import VersionStats
 from inference.text import TOKENIZER_FILE, TextEncoder
 from inference.traffic import Traffic
@@ -68,9 +75,11 @@ class LoadedVersion:
         note: str = "",
         labels: tuple[str, ...] = (),
         text: TextEncoder | None = None,
+        runner: FixedAddressRunner | None = None,
     ) -> None:
         self.spec = spec
         self.session = session
+        self.runner = runner  # CUDA graphs: runs at fixed addresses, one at a time
         self.provider = provider
         self.load_seconds = load_seconds
         self.memory_bytes = memory_bytes
@@ -83,12 +92,14 @@ class LoadedVersion:
         self.metrics = metrics.VersionMetrics(spec.model, self.version_label)
         self.batching = can_batch(spec.signature)
         self.output_names = [output.name for output in session.get_outputs()]
+        self.io_binding = provider in GPU_PROVIDERS  # outputs bound to CPU memory (sessions.run_with_iobinding)
         self.batcher = Batcher(
             self._run_all,
             batching=self.batching,
             max_batch_size=spec.max_batch_size,
             max_queue_delay_us=spec.max_queue_delay_us,
             max_queue_size=spec.max_queue_size,
+            instances=self.instances_for(spec),
             on_batch=self._observe_batch,
             on_close=self._forget_queue_depth,
             stats=self.stats,
@@ -112,11 +123,29 @@ class LoadedVersion:
                 self._cond.notify_all()
 
     def run(self, feeds: dict[str, Any], output_names: list[str] | None = None) -> list[Any]:
+        if self.runner is not None:
+            return self.runner.run(output_names, feeds)
+        if self.io_binding:
+            return run_with_iobinding(self.session, feeds, output_names or self.output_names)
         return self.session.run(output_names, feeds)
 
     def _run_all(self, feeds: dict[str, Any]) -> dict[str, Any]:
         """Every output by name; the batcher's run (``self.run`` is looked up each time, so tests can hold it)."""
         return dict(zip(self.output_names, self.run(feeds), strict=True))
+
+    def instances_for(self, spec: VersionSpec) -> int:
+        """The model's ``instances``, or by provider when unset: 2 on a GPU (one batch runs while the next is
+        merged and the last split and encoded), 1 on the CPU (one ORT run already takes every core)."""
+        if self.runner is not None:
+            return 1  # one set of fixed buffers (and one captured graph): runs take turns whatever is asked
+        if spec.instances:
+            return spec.instances
+        return 2 if self.provider in GPU_PROVIDERS else 1
+
+    @property
+    def instances(self) -> int:
+        """Batches this version runs at once."""
+        return self.batcher.instances
 
     def _observe_batch(self, requests: int, rows: int) -> None:
         self.metrics.batched(requests, self.batcher.queued)
@@ -134,11 +163,13 @@ class LoadedVersion:
             max_batch_size=spec.max_batch_size,
             max_queue_delay_us=spec.max_queue_delay_us,
             max_queue_size=spec.max_queue_size,
+            instances=spec.instances,
         )
         self.batcher.configure(
             max_batch_size=spec.max_batch_size,
             max_queue_delay_us=spec.max_queue_delay_us,
             max_queue_size=spec.max_queue_size,
+            instances=self.instances_for(spec),
         )
 
     def body_limit(self, default: int) -> BodyLimit:
@@ -196,7 +227,7 @@ class RuntimeStatus:
     db_error: str = ""
 
 
-def _warm_up(session: Any, spec: VersionSpec, samples: Path | None) -> None:
+def _warm_up(session: Any, spec: VersionSpec, samples: Path | None, runner: FixedAddressRunner | None = None) -> None:
     """One run before the version takes traffic: on its sample inputs when it has them, else on synthetic ones.
 
     Synthetic strings ("a") mean nothing to a model that parses its string inputs. Validation lets such
@@ -207,10 +238,10 @@ def _warm_up(session: Any, spec: VersionSpec, samples: Path | None) -> None:
             request = decode_request(samples.read_bytes(), None, spec.signature)
         except InferenceError as exc:
             raise ValueError(f"{SAMPLE_INPUTS_FILE}: {exc.message}") from None
-        session.run(None, request.inputs)
+        (runner or session).run(None, request.inputs)
         return
     try:
-        session.run(None, serving.synthetic_inputs(session))
+        (runner or session).run(None, serving.synthetic_inputs(session))
     except Exception as exc:
         if not any(item["datatype"] == "BYTES" for item in spec.signature.get("inputs", [])):
             raise
@@ -412,9 +443,12 @@ class InferenceRuntime:
         started = time.perf_counter()
         rss_before = _rss_bytes()
         folder = self.cache.bundle(spec.sha256, spec.files)
-        built = build_session(folder / spec.model_file)
+        built = build_session(folder / spec.model_file, fixed_address_io=not unfixed_tensors(spec.signature))
+        runner = None
+        if built.graphs:  # the session replays a captured CUDA graph: its inputs must stay where it found them
+            device = "cuda" if built.provider in GPU_PROVIDERS else "cpu"
+            runner = FixedAddressRunner(built.session, spec.signature, device=device, device_id=settings.CUDA_DEVICE_ID)
         extras = {item.name for item in spec.files}
-        _warm_up(built.session, spec, folder / SAMPLE_INPUTS_FILE if SAMPLE_INPUTS_FILE in extras else None)
         text = None
         if "text" in spec.signature and TOKENIZER_FILE in extras:
             text = TextEncoder.load(
@@ -426,6 +460,8 @@ class InferenceRuntime:
                 truncate=settings.TEXT_TRUNCATE,
                 max_texts=settings.TEXT_MAX_TEXTS,
             )
+        samples = folder / SAMPLE_INPUTS_FILE if SAMPLE_INPUTS_FILE in extras else None
+        _warm_up(built.session, spec, samples, runner)
         loaded = LoadedVersion(
             spec,
             built.session,
@@ -435,6 +471,7 @@ class InferenceRuntime:
             note=built.note,
             labels=_read_labels(folder / LABELS_FILE) if LABELS_FILE in extras else (),
             text=text,
+            runner=runner,
         )
         logger.info("loaded %s v%s on %s in %.2fs", spec.model, spec.version, built.provider, loaded.load_seconds)
         return loaded
@@ -541,6 +578,7 @@ class InferenceRuntime:
                     memory_bytes=v.memory_bytes,
                     provider=v.provider,
                     note=v.note,
+                    instances=v.instances,
                     traffic=v.traffic.summary(),
                 )
                 for vid, v in self.loaded.items()

@@ -53,6 +53,9 @@ class RegisteredModel(models.Model):
     max_batch_size = models.PositiveIntegerField(default=32)
     max_queue_delay_us = models.PositiveIntegerField(default=0)
     max_queue_size = models.PositiveIntegerField(default=1024)
+    # Batches in flight at once per loaded version (Triton's instance_group.count), sharing one session.
+    # Unset means by provider: 1 on the CPU (ORT already uses every core), 2 on a GPU.
+    instances = models.PositiveSmallIntegerField(null=True, blank=True, default=None)
     # The last version number handed out; bumped under a row lock so numbers never repeat.
     last_version = models.PositiveIntegerField(default=0)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")

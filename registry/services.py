@@ -80,6 +80,7 @@ EDITABLE_MODEL_FIELDS = (
     "max_batch_size",
     "max_queue_delay_us",
     "max_queue_size",
+    "instances",
 )
 
 

@@ -134,11 +134,12 @@ class VersionSpec:
     max_batch_size: int = 32
     max_queue_delay_us: int = 0
     max_queue_size: int = 1024
+    instances: int | None = None  # batches in flight at once; None: by provider (1 on the CPU, 2 on a GPU)
 
     @property
-    def batching_settings(self) -> tuple[int, int, int]:
+    def batching_settings(self) -> tuple[int, int, int, int | None]:
         """What ``PATCH /api/v1/models/{m}`` may change while the version serves: a loaded version takes it as is."""
-        return (self.max_batch_size, self.max_queue_delay_us, self.max_queue_size)
+        return (self.max_batch_size, self.max_queue_delay_us, self.max_queue_size, self.instances)
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,7 @@ def desired_state() -> DesiredState:
             max_batch_size=alias.model.max_batch_size,
             max_queue_delay_us=alias.model.max_queue_delay_us,
             max_queue_size=alias.model.max_queue_size,
+            instances=alias.model.instances,
         )
         routes.setdefault(alias.model.name, {})[alias.name] = version.pk
     return DesiredState(versions=versions, routes=routes)
@@ -240,6 +242,7 @@ class LoadedRow:
     provider: str = ""
     note: str = ""  # e.g. why the session runs on another provider than the one requested
     attempts: int = 0  # failed loads so far
+    instances: int = 0  # batches it runs at once (the model's setting, or the provider's default); 0 when not loaded
     # The last minutes of requests, for the fleet page; left out of comparisons, so that traffic alone
     # does not make the runtime report before its heartbeat is due.
     traffic: tuple[TrafficBucket, ...] = field(default=(), compare=False)
@@ -256,6 +259,7 @@ class LoadedRow:
             "provider": self.provider,
             "note": self.note,
             "attempts": self.attempts,
+            "instances": self.instances,
             "traffic": [bucket.as_json() for bucket in self.traffic],
         }
 
@@ -272,6 +276,7 @@ class LoadedRow:
             provider=row.get("provider", ""),
             note=row.get("note", ""),
             attempts=row.get("attempts", 0),
+            instances=row.get("instances", 0),
             traffic=tuple(TrafficBucket.from_json(bucket) for bucket in row.get("traffic", ())),
         )
 

@@ -64,5 +64,12 @@ def test_the_h200_driver_runs_every_step_on_the_cpu(tmp_path):
         ("ready", "CPUExecutionProvider", "cpu")
     ] * 2
     assert served["max_difference_from_raw"] <= 1e-3
-    assert [(run["clients"], run["errors"]) for run in served["runs"]] == [(1, 0), (4, 0)]
+    # Each client count at each instances (the default sweep, 1 then 2), set through the models API.
+    assert [(run["instances"], run["clients"], run["errors"]) for run in served["runs"]] == [
+        (1, 1, 0),
+        (1, 4, 0),
+        (2, 1, 0),
+        (2, 4, 0),
+    ]
+    assert result["setup"]["instances"] == [1, 2]
     assert all(run["requests"] > 0 for run in served["runs"])

@@ -319,6 +319,27 @@ def wait_for_fleet(api: Api, server: Server, workers: int, version: int, provide
     raise RuntimeError(f"{workers} workers did not all serve version {version} within 300 s: {rows}")
 
 
+def set_instances(api: Api, server: Server, workers: int, version: int, instances: int) -> None:
+    """PATCH the model's ``instances`` and wait until every worker's fleet row runs that many batches at once."""
+    status, body = api.call("PATCH", f"/api/v1/models/{MODEL}", {"instances": instances})
+    if status != 200:
+        raise RuntimeError(f"setting instances: {status} {body}")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        status, fleet = api.call("GET", "/api/v1/fleet?online=true")
+        rows = [
+            row
+            for worker in fleet
+            if datetime.fromisoformat(worker["started_at"]) >= server.started_at
+            for row in worker["loaded"]
+            if row["model"] == MODEL and row["version"] == version and row["state"] == "ready"
+        ]
+        if len(rows) >= workers and all(row.get("instances") == instances for row in rows):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"the workers did not report instances {instances} within 120 s")
+
+
 def check_answer(port: int, one: dict[str, np.ndarray], expected: np.ndarray) -> float:
     """One /v2 request; the largest difference from raw ORT's output (and an error when it is not small)."""
     request = binary_request(port, one)
@@ -437,6 +458,7 @@ def run(args: argparse.Namespace, work: Path, result: dict[str, Any]) -> None:
         "seq": args.seq,
         "max_batch_size": args.max_batch_size,
         "max_queue_delay_us": args.max_queue_delay_us,
+        "instances": args.instances,
         "onnxruntime": f"{ort.__version__} {ort.__file__}",
         "available_providers": ort.get_available_providers(),
         "python": platform.python_version(),
@@ -488,19 +510,23 @@ def run(args: argparse.Namespace, work: Path, result: dict[str, Any]) -> None:
                 )
             entry["max_difference_from_raw"] = check_answer(server.port, one, expected)
             request = binary_request(server.port, one)
-            load(server.port, request, max(args.clients), args.warmup, args.load_processes)
             entry["runs"] = []
-            for clients in args.clients:
-                r = load(server.port, request, clients, args.duration, args.load_processes)
-                r["vs_raw_batch1"] = r["req_per_s"] / raw["batch1"]["seq_per_s"]
-                r[f"vs_raw_batch{args.raw_batch}"] = r["req_per_s"] / ceiling
-                entry["runs"].append(r)
-                print(
-                    f"  {clients:4d} clients: {r['req_per_s']:9.0f} req/s  p50 {r['p50_ms']:7.2f} ms"
-                    f"  p99 {r['p99_ms']:7.2f} ms  errors {r['errors']}"
-                    f"  {r[f'vs_raw_batch{args.raw_batch}']:.0%} of raw batch-{args.raw_batch}",
-                    flush=True,
-                )
+            for instances in args.instances:
+                if instances:
+                    set_instances(api, server, workers, result["registered"]["version"], instances)
+                load(server.port, request, max(args.clients), args.warmup, args.load_processes)
+                for clients in args.clients:
+                    r = load(server.port, request, clients, args.duration, args.load_processes)
+                    r["instances"] = instances or "by provider"
+                    r["vs_raw_batch1"] = r["req_per_s"] / raw["batch1"]["seq_per_s"]
+                    r[f"vs_raw_batch{args.raw_batch}"] = r["req_per_s"] / ceiling
+                    entry["runs"].append(r)
+                    print(
+                        f"  instances {r['instances']}, {clients:4d} clients: {r['req_per_s']:9.0f} req/s"
+                        f"  p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  errors {r['errors']}"
+                        f"  {r[f'vs_raw_batch{args.raw_batch}']:.0%} of raw batch-{args.raw_batch}",
+                        flush=True,
+                    )
         except Exception:
             entry["log_tail"] = server.tail()
             raise
@@ -529,6 +555,9 @@ def main() -> int:
     parser.add_argument("--seq", type=int, default=32)
     parser.add_argument("--raw-batch", type=int, default=128)
     parser.add_argument("--raw-seconds", type=float, default=3.0)
+    parser.add_argument(
+        "--instances", default="1,2", help="the model's instances to measure in turn, comma-separated; 0: by provider"
+    )
     parser.add_argument("--max-batch-size", type=int, default=128)
     parser.add_argument("--max-queue-delay-us", type=int, default=2000)
     parser.add_argument("--load-processes", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
@@ -536,6 +565,7 @@ def main() -> int:
     args = parser.parse_args()
     args.workers = [int(n) for n in args.workers.split(",")]
     args.clients = [int(n) for n in args.clients.split(",")]
+    args.instances = [int(n) for n in args.instances.split(",")]
     result: dict[str, Any] = {}
     code = 0
     with tempfile.TemporaryDirectory(prefix="modelyard-gpu-bench-") as tmp:

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
 import grpc
 from django.conf import settings
 
+from inference import metrics
+from inference.app import STATUS as HTTP_STATUS
 from inference.dataplane import OUT_OF_MEMORY, DataPlane
 from inference.errors import (
     BodyTimeout,
@@ -48,6 +51,7 @@ from inference.errors import (
 from inference.grpc import grpc_service_pb2 as pb
 from inference.grpc import grpc_service_pb2_grpc as pb_grpc
 from inference.grpc.codec import decode_infer_request, encode_infer_response, message_from_json
+from inference.runtime import LoadedVersion
 from registry import serving
 
 __all__ = ["STATUS", "GrpcServer", "GrpcUnavailable", "InferenceServicer", "status_for"]
@@ -175,6 +179,34 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # --- inference -----------------------------------------------------------------------------
 
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        """One inference call, counted in the same Prometheus metrics as /v2 over HTTP.
+
+        The ``status`` label is the HTTP status the same outcome has over REST (200, or the error's
+        status in ``inference/app.py``), so one query covers both transports.
+        """
+        started = time.perf_counter()
+        answered: list[LoadedVersion] = []
+        status = 200
+        try:
+            return await self._infer_routed(request, context, answered)
+        except InferenceError as exc:
+            status = next(HTTP_STATUS[cls] for cls in type(exc).__mro__ if cls in HTTP_STATUS)[0]
+            raise
+        except asyncio.CancelledError:  # the client went away (HTTP's 499)
+            status = 499
+            raise
+        except Exception:
+            status = 500
+            raise
+        finally:
+            counted = (
+                answered[0].metrics if answered else metrics.unrouted(self.plane.metrics_model(request.model_name))
+            )
+            counted.answered(status, time.perf_counter() - started)
+
+    async def _infer_routed(
+        self, request: pb.ModelInferRequest, context: Any, answered: list[LoadedVersion]
+    ) -> pb.ModelInferResponse:
         plane = self.plane
         model, ref = request.model_name, request.model_version or None
         token = await self._authorise(context)
@@ -182,6 +214,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             address = serving.caller_address(_peer_address(context), _metadata(context, "x-forwarded-for"))
             plane.throttle(token=token, address=address)
         served = plane.resolve(model, ref)
+        answered.append(served)
         try:
             decoded = decode_infer_request(request, served.spec.signature)
         except MemoryError:

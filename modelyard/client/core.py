@@ -174,7 +174,7 @@ class Client:
         return Model.from_json(self._json("POST", "/api/v1/models", json_body=body))
 
     def update_model(self, name: str, **changes: Any) -> Model:
-        """Change ``description``, ``tags``, ``serving_strategy``, ``max_batch_size``, ``max_queue_delay_us``..."""
+        """Change ``description``, ``tags``, ``serving_strategy``, ``max_batch_size``, ``instances``..."""
         return Model.from_json(self._json("PATCH", f"/api/v1/models/{_q(name)}", json_body=changes))
 
     def list_versions(self, name: str, *, status: str = "") -> list[Version]:

@@ -32,6 +32,7 @@ class LoadedRowSerializer(serializers.Serializer[serving.LoadedRow]):
     provider = serializers.CharField()
     note = serializers.CharField()
     attempts = serializers.IntegerField()
+    instances = serializers.IntegerField(help_text="batches run at once on the shared session; 0 when not loaded")
     traffic = TrafficBucketSerializer(many=True, help_text="the last minutes of requests, 10-second intervals")
 
 

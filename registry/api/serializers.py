@@ -20,6 +20,7 @@ class ModelSerializer(serializers.ModelSerializer[RegisteredModel]):
             "max_batch_size",
             "max_queue_delay_us",
             "max_queue_size",
+            "instances",
             "last_version",
             "created_by",
             "created_at",
@@ -53,6 +54,8 @@ class ModelUpdateInput(serializers.Serializer[Any]):
     max_batch_size = serializers.IntegerField(min_value=1, max_value=4096, required=False)
     max_queue_delay_us = serializers.IntegerField(min_value=0, max_value=10_000_000, required=False)
     max_queue_size = serializers.IntegerField(min_value=1, max_value=1_000_000, required=False)
+    # null: by provider (1 on the CPU, 2 on a GPU)
+    instances = serializers.IntegerField(min_value=1, max_value=16, required=False, allow_null=True)
 
 
 class FileSerializer(serializers.ModelSerializer[ModelFile]):

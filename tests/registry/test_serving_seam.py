@@ -100,6 +100,7 @@ def test_a_worker_report_is_written_as_json_and_read_back_as_the_same_rows():
         "provider": "",
         "note": "",
         "attempts": 2,
+        "instances": 0,
         "traffic": [],
     }
     [worker] = serving.fleet_list()

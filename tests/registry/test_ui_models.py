@@ -251,3 +251,13 @@ def test_compare_with_bad_or_unknown_versions(maintainer, viewer):
     assert (bad.status_code, bad.context["error"]) == (400, "'a' must be a whole number, got 'one'")
     assert viewer.client.get("/ui/models/demo/compare", {"a": 1, "b": 7}).status_code == 404
     assert b"comparing needs two" in viewer.client.get("/ui/models/demo/compare").content
+
+
+def test_the_model_page_shows_its_serving_settings_with_instances_by_provider_or_set(maintainer, viewer):
+    create_model(maintainer)
+    page = viewer.client.get("/ui/models/demo").content.decode()
+    assert "batches of up to 32, waiting up to 0 µs, queue of 1024;" in page
+    assert "batches at once by provider (1 on the CPU, 2 on a GPU)" in page
+    services.model_update(model=RegisteredModel.objects.get(name="demo"), actor=maintainer.actor, instances=3)
+    page = viewer.client.get("/ui/models/demo").content.decode()
+    assert "3 batches at once" in page and "by provider" not in page

@@ -35,13 +35,13 @@ class BuildGate:
     def waiting(self, sha256: str) -> bool:
         return sha256 in self.entered and not self._open.is_set()
 
-    def wrap(self, real: Callable[[Path], Any]) -> Callable[[Path], Any]:
-        def gated(path: Path) -> Any:
+    def wrap(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def gated(path: Path, **options: Any) -> Any:
             sha = path.parent.name
             self.entered.append(sha)
             if sha in self.held:
                 assert self._open.wait(60), "the build gate was never opened"
-            return real(path)
+            return real(path, **options)
 
         return gated
 

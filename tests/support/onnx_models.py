@@ -28,6 +28,14 @@ def add_model(*, ir_version: int = IR, opset: int = OPSET, bias: float = 1.0, wi
     return _model(graph, ir_version=ir_version, opset=opset)
 
 
+def fixed_add_model(*, bias: float = 1.0, rows: int = 2, width: int = 4) -> onnx.ModelProto:
+    """y = x + bias with every shape fixed ([rows, width]): no batching; what CUDA graphs can run."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, width])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, width])
+    b = numpy_helper.from_array(np.full([width], bias, dtype=np.float32), "b")
+    return _model(helper.make_graph([helper.make_node("Add", ["x", "b"], ["y"])], "fixed-add", [x], [y], [b]))
+
+
 def add_model_bytes(**kwargs: object) -> bytes:
     return add_model(**kwargs).SerializeToString()  # type: ignore[arg-type]
 
