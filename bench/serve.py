@@ -216,6 +216,8 @@ def modelyard_env(data_dir: Path, database_url: str | None) -> dict[str, str]:
         "MODELYARD_INFERENCE_PUBLIC": "1",
         "MODELYARD_LOG_LEVEL": "WARNING",
         "MODELYARD_PROVIDERS": "cpu",
+        # The version's own benchmark job (registry benchmarks) would share the CPU with the load measured here.
+        "MODELYARD_BENCHMARKS": "false",
     }
     if database_url:
         env["MODELYARD_DATABASE_URL"] = database_url

@@ -118,6 +118,7 @@ def reference_embedding(path: Path, tokens: dict[str, list[int]]) -> list[float]
 def base_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MODELYARD_", "DJANGO_"))}
     env.update(DJANGO_SETTINGS_MODULE="modelyard.settings", PYTHONUNBUFFERED="1", MODELYARD_DATABASE_URL=DATABASE_URL)
+    env.update(MODELYARD_BENCHMARKS="false")  # each promoted version's benchmark job would share the CPU under load
     env.update(extra)
     return env
 

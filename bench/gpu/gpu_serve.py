@@ -188,6 +188,7 @@ def server_env(data_dir: Path, device: str) -> dict[str, str]:
         MODELYARD_LOG_LEVEL="WARNING",
         MODELYARD_FLEET_HEARTBEAT_SECONDS="1",
         MODELYARD_RECONCILE_POLL_SECONDS="1",
+        MODELYARD_BENCHMARKS="false",  # the version's own benchmark job would share the GPU with the load measured here
         PYTHONUNBUFFERED="1",
     )
     return env

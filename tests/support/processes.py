@@ -39,6 +39,9 @@ def base_env(**extra: str) -> dict[str, str]:
     """This process's environment without any MODELYARD_/DJANGO_ setting, plus ``extra``."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(("MODELYARD_", "DJANGO_"))}
     env.update(DJANGO_SETTINGS_MODULE="modelyard.settings", PYTHONUNBUFFERED="1", MODELYARD_LOG_LEVEL="INFO")
+    # A served version's benchmark job would spend seconds of the shared CPU in every test that uploads;
+    # tests/inference/test_benchmarks.py turns it on where it is the subject.
+    env.update(MODELYARD_BENCHMARKS="false")
     env.update(extra)
     return env
 
