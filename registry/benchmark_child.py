@@ -17,27 +17,9 @@ SEQUENCE = 32
 
 
 def _feeds(session: Any, batch: int) -> dict[str, Any]:
-    import numpy as np
+    from registry.datatypes import random_feeds
 
-    from registry.datatypes import numpy_of_ort_type
-
-    rng = np.random.default_rng(0)
-    feeds = {}
-    for arg in session.get_inputs():
-        dtype = numpy_of_ort_type(arg.type)
-        if dtype is None:
-            raise ValueError(f"input '{arg.name}' has type {arg.type}, which the benchmark cannot synthesise")
-        shape = [
-            dim if isinstance(dim, int) and dim >= 0 else (batch if index == 0 else SEQUENCE)
-            for index, dim in enumerate(arg.shape)
-        ]
-        if dtype is np.object_:
-            feeds[arg.name] = np.full(shape, "a", dtype=object)
-        elif np.issubdtype(dtype, np.floating):
-            feeds[arg.name] = rng.standard_normal(shape).astype(dtype)
-        else:
-            feeds[arg.name] = np.ones(shape, dtype=dtype)
-    return feeds
+    return random_feeds(session, batch=batch, other=SEQUENCE)
 
 
 def _batchable(session: Any) -> bool:

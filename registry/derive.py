@@ -244,30 +244,15 @@ def _ort_optimized(options: dict[str, Any], source: Path, target: Path) -> None:
 
 def feeds_for(session: Any, samples: Path | None, signature: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The version's ``sample_inputs.json`` when it has one, synthetic inputs otherwise; and which it was."""
-    import numpy as np
-
-    from registry.datatypes import numpy_of_ort_type
+    from registry.datatypes import random_feeds
     from registry.validation import sample_inputs
 
     if samples is not None and samples.is_file():
         return sample_inputs(samples.read_bytes(), signature), "sample_inputs.json"
-    rng = np.random.default_rng(0)
-    feeds: dict[str, Any] = {}
-    for arg in session.get_inputs():
-        dtype = numpy_of_ort_type(arg.type)
-        if dtype is None:
-            raise RecipeError(f"input '{arg.name}' has type {arg.type}, which cannot be synthesised")
-        shape = [
-            dim if isinstance(dim, int) and dim >= 0 else (SYNTHETIC_BATCH if index == 0 else SYNTHETIC_OTHER)
-            for index, dim in enumerate(arg.shape)
-        ]
-        if dtype is np.object_:
-            feeds[arg.name] = np.full(shape, "a", dtype=object)
-        elif np.issubdtype(dtype, np.floating):
-            feeds[arg.name] = rng.standard_normal(shape).astype(dtype)
-        else:  # integers (token ids, masks) and booleans: ones are valid wherever indices or masks are
-            feeds[arg.name] = np.ones(shape, dtype=dtype)
-    return feeds, "synthetic"
+    try:
+        return random_feeds(session, batch=SYNTHETIC_BATCH, other=SYNTHETIC_OTHER), "synthetic"
+    except TypeError as error:
+        raise RecipeError(str(error)) from None
 
 
 def compare_outputs(reference: dict[str, Any], candidate: dict[str, Any]) -> dict[str, dict[str, Any]]:

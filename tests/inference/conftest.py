@@ -6,7 +6,8 @@ Nothing here is autouse: the batcher tests share the folder and need none of it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import asyncio
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +106,19 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., ServeProcess]]:
     yield start
     for server in started:
         server.kill()
+
+
+@pytest.fixture
+def run() -> Iterator[Callable[[Coroutine[Any, Any, Any]], Any]]:
+    """Run coroutines on one event loop for the whole test (a batcher lives on the loop of its first request)."""
+    loop = asyncio.new_event_loop()
+    yield loop.run_until_complete
+
+    async def cancel_all() -> None:
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    loop.run_until_complete(cancel_all())
+    loop.close()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -45,22 +45,6 @@ pytestmark = pytest.mark.django_db(transaction=True)  # token checks run in work
 
 
 # --- Helpers ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def run() -> Iterator[Callable[[Coroutine[Any, Any, Any]], Any]]:
-    """Run coroutines on one event loop for the whole test (a batcher lives on the loop of its first request)."""
-    loop = asyncio.new_event_loop()
-    yield loop.run_until_complete
-
-    async def cancel_all() -> None:
-        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    loop.run_until_complete(cancel_all())
-    loop.close()
 
 
 def serving(runtime: Any, ref: str | None = None) -> int | None:

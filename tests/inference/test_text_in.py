@@ -13,7 +13,6 @@ import asyncio
 import json
 import struct
 import threading
-from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import numpy as np
@@ -38,22 +37,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 SHORT = ["hello world", "the model"]  # 4 tokens at most with [CLS] and [SEP]: bucket 8
 LONG = ["the registry stores versioned onnx artifacts and the server tokenises text and pads it"]  # 16: bucket 16
-
-
-@pytest.fixture
-def run() -> Iterator[Callable[[Coroutine[Any, Any, Any]], Any]]:
-    """One event loop for the whole test: a batcher lives on the loop of its first request."""
-    loop = asyncio.new_event_loop()
-    yield loop.run_until_complete
-
-    async def cancel_all() -> None:
-        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    loop.run_until_complete(cancel_all())
-    loop.close()
 
 
 def upload_text_version(owner: Any, model: bytes | None = None, tokenizer: bytes | None = None) -> dict[str, Any]:
