@@ -224,8 +224,11 @@ def modelyard_env(data_dir: Path, database_url: str | None) -> dict[str, str]:
     return env
 
 
-def register(settings_json: str) -> None:
-    """Runs in a child process: register MiniLM, validate it, promote it to production (four eyes)."""
+def register_served(
+    *, name: str, description: str, files: list[tuple[str, Path]], model_settings: dict[str, Any]
+) -> Any:
+    """In a child process with Django: register ``files`` as version 1 of ``name``, validated, and put it on
+    production with a second person's approval. Returns the version, or None when the model exists already."""
     import logging
 
     import django
@@ -240,21 +243,31 @@ def register(settings_json: str) -> None:
     from registry.uploads import LocalUpload, version_upload
 
     call_command("migrate", interactive=False, verbosity=0)
-    if RegisteredModel.objects.filter(name=MODEL_NAME).exists():
-        return
+    if RegisteredModel.objects.filter(name=name).exists():
+        return None
     owner_token, _ = services.token_create(username="bench-owner", create_user=True, roles=[Role.ADMIN])
     approver_token, _ = services.token_create(username="bench-approver", create_user=True, roles=[Role.APPROVER])
     owner, approver = Actor(user=owner_token.user), Actor(user=approver_token.user)
-    model = services.model_create(name=MODEL_NAME, description="MiniLM-L6 for bench/serve.py", actor=owner)
-    extra = json.loads(settings_json)
-    if extra:
-        model = services.model_update(model=model, actor=owner, **extra)
-    version = version_upload(model=model, source=LocalUpload([("model.onnx", MODEL_PATH)]), actor=owner)
+    model = services.model_create(name=name, description=description, actor=owner)
+    if model_settings:
+        model = services.model_update(model=model, actor=owner, **model_settings)
+    version = version_upload(model=model, source=LocalUpload(files), actor=owner)
     version.refresh_from_db()
     assert version.status == VersionStatus.READY, version.errors
     outcome = promotions.alias_set(model=model, alias_name=PRODUCTION, version_number=version.version, actor=owner)
     assert outcome.promotion is not None
     promotions.promotion_approve(promotion_id=outcome.promotion.pk, actor=approver)
+    return version
+
+
+def register(settings_json: str) -> None:
+    """Runs in a child process: register MiniLM, validate it, promote it to production (four eyes)."""
+    register_served(
+        name=MODEL_NAME,
+        description="MiniLM-L6 for bench/serve.py",
+        files=[("model.onnx", MODEL_PATH)],
+        model_settings=json.loads(settings_json),
+    )
 
 
 def start_modelyard(work: Path, database_url: str | None, model_settings: dict[str, Any]) -> tuple[Any, int, int, Path]:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 from common import run_in_workdir, stop_process
-from serve import Load, binary_body, decode_embedding, free_port, modelyard_env, post, wait_ready
+from serve import Load, binary_body, decode_embedding, free_port, modelyard_env, post, register_served, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -49,35 +49,14 @@ JSON_HEADERS = {"Content-Type": "application/json"}
 
 def register(model_dir: str) -> None:
     """Runs in a child process: register MiniLM with its tokenizer, validate it, promote it (four eyes)."""
-    import logging
-
-    import django
-
-    django.setup()
-    logging.getLogger("kombu").setLevel(logging.ERROR)
-    from django.core.management import call_command
-
-    from registry import promotions, services
-    from registry.audit import Actor
-    from registry.models import PRODUCTION, RegisteredModel, Role, VersionStatus
-    from registry.uploads import LocalUpload, version_upload
-
-    call_command("migrate", interactive=False, verbosity=0)
-    if RegisteredModel.objects.filter(name=MODEL_NAME).exists():
-        return
-    owner_token, _ = services.token_create(username="bench-owner", create_user=True, roles=[Role.ADMIN])
-    approver_token, _ = services.token_create(username="bench-approver", create_user=True, roles=[Role.APPROVER])
-    owner, approver = Actor(user=owner_token.user), Actor(user=approver_token.user)
-    model = services.model_create(name=MODEL_NAME, description="MiniLM-L6, text in (bench/text.py)", actor=owner)
     folder = Path(model_dir)
-    files = [("model.onnx", folder / "model.onnx"), ("tokenizer.json", folder / "tokenizer.json")]
-    version = version_upload(model=model, source=LocalUpload(files), actor=owner)
-    version.refresh_from_db()
-    assert version.status == VersionStatus.READY, version.errors
-    assert "text" in version.signature, version.signature
-    outcome = promotions.alias_set(model=model, alias_name=PRODUCTION, version_number=version.version, actor=owner)
-    assert outcome.promotion is not None
-    promotions.promotion_approve(promotion_id=outcome.promotion.pk, actor=approver)
+    version = register_served(
+        name=MODEL_NAME,
+        description="MiniLM-L6, text in (bench/text.py)",
+        files=[("model.onnx", folder / "model.onnx"), ("tokenizer.json", folder / "tokenizer.json")],
+        model_settings={},
+    )
+    assert version is None or "text" in version.signature, version.signature
 
 
 def text_body(texts: list[str]) -> bytes:
