@@ -387,6 +387,52 @@ def cmd_audit(args: argparse.Namespace, client: Client) -> int:
     return 0 if verdict.ok else 1
 
 
+def _option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` of ``derive --option``: the value as JSON when it parses (true, 3), else the text."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except ValueError:
+        return key, value
+
+
+def cmd_derive(args: argparse.Namespace, client: Client) -> int:
+    job = client.derive(args.name, args.version, args.recipe, options=dict(args.option), wait=args.wait)
+    if args.json:
+        _print_json(job.raw)
+    elif job.status == "failed":
+        print(f"Deriving {job.recipe} from version {job.source_version} of '{job.model}' failed:", file=sys.stderr)
+        print(f"  {job.error}", file=sys.stderr)
+    elif job.status == "succeeded":
+        version = client.get_version(args.name, job.version) if job.version is not None else None
+        print(f"Version {job.version} of '{job.model}' is {job.recipe} of version {job.source_version}.")
+        deltas = ((version.raw.get("accuracy") or {}).get("outputs") or {}) if version else {}
+        for output, delta in sorted(deltas.items()):
+            cosine = f", cosine {delta['cosine']:.6f}" if delta.get("cosine") is not None else ""
+            print(f"  {output}: max abs diff {delta.get('max_abs_diff', 0):.3g}{cosine}")
+    else:
+        print(f"Derive job {job.id} is {job.status}: modelyard derive ... --wait, or GET /api/v1/derive-jobs/{job.id}")
+    return 1 if job.status == "failed" else 0
+
+
+def cmd_benchmarks(args: argparse.Namespace, client: Client) -> int:
+    runs = client.rerun_benchmarks(args.name, args.version) if args.run else client.benchmarks(args.name, args.version)
+    if args.json:
+        _print_json([b.raw for b in runs])
+        return 0
+    rows = []
+    for run in runs:
+        numbers = run.numbers or {}
+        throughput = ", ".join(f"b{k} {v:.0f}/s" for k, v in (numbers.get("throughput") or {}).items())
+        p50 = f"{numbers['p50_ms']:.2f}" if "p50_ms" in numbers else ""
+        p99 = f"{numbers['p99_ms']:.2f}" if "p99_ms" in numbers else ""
+        rows.append((run.provider, run.status, p50, p99, throughput, _one_line(run.error or run.note)[:50]))
+    _table(rows, ["PROVIDER", "STATUS", "P50 MS", "P99 MS", "THROUGHPUT", "NOTE"])
+    return 0
+
+
 def cmd_webhooks_list(args: argparse.Namespace, client: Client) -> int:
     hooks = client.list_webhooks()
     if args.json:
@@ -623,6 +669,33 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--export", choices=["csv", "jsonl"], default=None, help="stream every matching event")
     p.add_argument("--output", default=None, metavar="FILE", help="write the export here instead of stdout")
     p.add_argument("--verify", action="store_true", help="recompute the hash chain; exit 1 when broken")
+
+    p = command("derive", cmd_derive, "build a derived version (fp16, int8-dynamic, ort-optimized) of a ready version")
+    p.add_argument("name")
+    p.add_argument("version", help="a number or an alias")
+    p.add_argument("recipe", choices=["fp16", "int8-dynamic", "ort-optimized"])
+    p.add_argument(
+        "--option",
+        action="append",
+        type=_option,
+        default=[],
+        metavar="KEY=VALUE",
+        help="a recipe option, e.g. per_channel=true, optimize=true, level=extended (repeatable)",
+    )
+    p.add_argument(
+        "--wait",
+        nargs="?",
+        type=float,
+        const=600.0,
+        default=None,
+        metavar="SECONDS",
+        help="until the new version is validated (default 600 s)",
+    )
+
+    p = command("benchmarks", cmd_benchmarks, "a version's benchmark runs on its serving hardware")
+    p.add_argument("name")
+    p.add_argument("version", help="a number or an alias")
+    p.add_argument("--run", action="store_true", help="queue them again (maintainer role)")
 
     hooks = sub.add_parser("webhooks", help="webhooks (admin role): list, add, remove, deliveries")
     actions = hooks.add_subparsers(dest="webhooks_command", required=True)

@@ -42,7 +42,9 @@ from modelyard.client.types import (
     AliasMove,
     AuditEvent,
     AuditVerdict,
+    Benchmark,
     Delivery,
+    DeriveJob,
     Model,
     Promotion,
     Version,
@@ -475,6 +477,64 @@ class Client:
     def webhook_deliveries(self, webhook_id: int, *, status: str = "") -> list[Delivery]:
         path = f"/api/v1/webhooks/{int(webhook_id)}/deliveries"
         return [Delivery.from_json(item) for item in self._pages(path, {"status": status})]
+
+    # --- Derived versions and benchmarks ------------------------------------------------------------------
+
+    def derive(
+        self,
+        name: str,
+        version: int | str,
+        recipe: str,
+        *,
+        options: Mapping[str, Any] | None = None,
+        wait: float | None = None,
+        interval: float = 0.5,
+    ) -> DeriveJob:
+        """Ask for a derived version (``fp16``, ``int8-dynamic``, ``ort-optimized``; the maintainer role).
+
+        Returns the job; with ``wait`` (seconds), once it has finished and its new version has been
+        validated. A failed job is returned as it is (``status`` and ``error``); raises
+        :class:`~modelyard.client.errors.WaitTimeout` when ``wait`` runs out first.
+        """
+        number = self.resolve_version(name, version)
+        path = f"/api/v1/models/{_q(name)}/versions/{number}/derive"
+        job = DeriveJob.from_json(
+            self._json("POST", path, json_body={"recipe": recipe, "options": dict(options or {})})
+        )
+        if wait is None:
+            return job
+        deadline = time.monotonic() + wait
+        while job.status in ("pending", "running"):
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(
+                    f"deriving {recipe} from version {number} of '{name}' is still {job.status} after {wait:g} s"
+                )
+            time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+            interval = min(interval * 1.5, 5.0)
+            job = self.get_derive_job(job.id)
+        if job.status == "succeeded" and job.version is not None:
+            self.wait_ready(name, job.version, timeout=max(0.0, deadline - time.monotonic()))
+        return job
+
+    def get_derive_job(self, job_id: int) -> DeriveJob:
+        return DeriveJob.from_json(self._json("GET", f"/api/v1/derive-jobs/{int(job_id)}"))
+
+    def list_derive_jobs(self, name: str, version: int | str) -> list[DeriveJob]:
+        number = self.resolve_version(name, version)
+        answer = self._json("GET", f"/api/v1/models/{_q(name)}/versions/{number}/derive")
+        return [DeriveJob.from_json(item) for item in answer]
+
+    def benchmarks(self, name: str, version: int | str) -> list[Benchmark]:
+        """A version's benchmark runs, one per provider the fleet serves it with."""
+        number = self.resolve_version(name, version)
+        answer = self._json("GET", f"/api/v1/models/{_q(name)}/versions/{number}/benchmarks")
+        return [Benchmark.from_json(item) for item in answer]
+
+    def rerun_benchmarks(self, name: str, version: int | str) -> list[Benchmark]:
+        """Queue the version's benchmarks again (the maintainer role); the inference processes take them."""
+        number = self.resolve_version(name, version)
+        answer = self._json("POST", f"/api/v1/models/{_q(name)}/versions/{number}/benchmarks")
+        return [Benchmark.from_json(item) for item in answer]
 
     # --- Identity -----------------------------------------------------------------------------------------
 

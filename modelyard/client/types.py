@@ -167,3 +167,37 @@ class Delivery(_Record):
     last_status_code: int | None = None
     last_error: str = ""
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class DeriveJob(_Record):
+    """A derive request: ``status`` pending, running, succeeded or failed; ``version`` the new one when it succeeded."""
+
+    id: int
+    model: str
+    source_version: int
+    recipe: str
+    status: str
+    options: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    version: int | None = None
+    requested_by: str | None = None
+    created_at: str = ""
+    finished_at: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class Benchmark(_Record):
+    """One benchmark run of a version on one provider; ``numbers`` holds what it measured."""
+
+    version: int
+    provider: str
+    status: str
+    host_kind: str = ""
+    worker_id: str = ""
+    numbers: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    note: str = ""
+    finished_at: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
