@@ -51,6 +51,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -358,18 +359,14 @@ def _python_worker(args: tuple[int, str, bytes, dict[str, str], int, float], out
     out.put((latencies, errors[0]))
 
 
-def python_load(
-    port: int, path: str, body: bytes, headers: dict[str, str], clients: int, duration: float
-) -> dict[str, Any]:
-    """The fallback without wrk: several processes, each with threads holding one keep-alive connection."""
+def _fan_out(target: Callable[..., None], args: tuple[Any, ...], clients: int, duration: float) -> dict[str, Any]:
+    """Split ``clients`` over up to 4 processes, each running ``target((*args, share, duration), out)``; merge."""
     processes = min(clients, 4)
     out: Any = multiprocessing.Queue()
     workers = []
     for index in range(processes):
         share = clients // processes + (1 if index < clients % processes else 0)
-        worker = multiprocessing.Process(
-            target=_python_worker, args=((port, path, body, headers, share, duration), out)
-        )
+        worker = multiprocessing.Process(target=target, args=((*args, share, duration), out))
         worker.start()
         workers.append(worker)
     latencies: list[float] = []
@@ -388,6 +385,13 @@ def python_load(
         "requests": len(latencies),
         "errors": errors,
     }
+
+
+def python_load(
+    port: int, path: str, body: bytes, headers: dict[str, str], clients: int, duration: float
+) -> dict[str, Any]:
+    """The fallback without wrk: several processes, each with threads holding one keep-alive connection."""
+    return _fan_out(_python_worker, (port, path, body, headers), clients, duration)
 
 
 class Load:
@@ -523,30 +527,7 @@ def _grpc_worker(args: tuple[int, bytes, int, float], out: Any) -> None:
 
 def python_grpc_load(port: int, message: bytes, clients: int, duration: float) -> dict[str, Any]:
     """The fallback without h2load: processes of grpc.aio clients, one channel per client."""
-    processes = min(clients, 4)
-    out: Any = multiprocessing.Queue()
-    workers = []
-    for index in range(processes):
-        share = clients // processes + (1 if index < clients % processes else 0)
-        worker = multiprocessing.Process(target=_grpc_worker, args=((port, message, share, duration), out))
-        worker.start()
-        workers.append(worker)
-    latencies: list[float] = []
-    errors = 0
-    for _ in workers:
-        got, failed = out.get()
-        latencies += got
-        errors += failed
-    for worker in workers:
-        worker.join()
-    return {
-        "req_per_s": len(latencies) / duration,
-        "p50_ms": percentile_ms(latencies, 50),
-        "p90_ms": percentile_ms(latencies, 90),
-        "p99_ms": percentile_ms(latencies, 99),
-        "requests": len(latencies),
-        "errors": errors,
-    }
+    return _fan_out(_grpc_worker, (port, message), clients, duration)
 
 
 class GrpcLoad:

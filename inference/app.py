@@ -50,7 +50,7 @@ from inference.runtime import InferenceRuntime, LoadedVersion
 from modelyard import metrics as exposition
 from registry import serving
 
-__all__ = ["OUT_OF_MEMORY", "STATUS", "build_app", "error_response", "read_body"]
+__all__ = ["OUT_OF_MEMORY", "STATUS", "build_app", "error_response", "http_status", "read_body"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,13 +75,18 @@ STATUS: dict[type[InferenceError], tuple[int, bool]] = {
 METRICS_NEEDS_TOKEN = exposition.NEEDS_TOKEN  # the web role's /metrics says the same
 
 
+def http_status(exc: InferenceError) -> tuple[int, bool]:
+    """The domain error's HTTP status and whether to say when to retry (its nearest class in ``STATUS``)."""
+    return next(STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS)
+
+
 def error_response(exc: InferenceError, *, close: bool = False) -> Response:
     """The answer to a domain error: ``{"error": message}`` with its status.
 
     ``close`` ends the connection after it, for a request whose body was not read to its end. A
     client that went away gets a bare 499 (nobody reads it; the status is for the logs and metrics).
     """
-    status, retry = next(STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS)
+    status, retry = http_status(exc)
     if status == 499:
         return Response(status_code=499)
     headers = {}

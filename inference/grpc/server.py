@@ -28,7 +28,7 @@ import grpc
 from django.conf import settings
 
 from inference import metrics
-from inference.app import STATUS as HTTP_STATUS
+from inference.app import http_status
 from inference.dataplane import OUT_OF_MEMORY, DataPlane
 from inference.errors import (
     BodyTimeout,
@@ -190,7 +190,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         try:
             return await self._infer_routed(request, context, answered)
         except InferenceError as exc:
-            status = next(HTTP_STATUS[cls] for cls in type(exc).__mro__ if cls in HTTP_STATUS)[0]
+            status = http_status(exc)[0]
             raise
         except asyncio.CancelledError:  # the client went away (HTTP's 499)
             status = 499

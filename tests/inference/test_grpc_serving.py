@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import os
 import socket
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests.support.inference import answered_bias
+from tests.support.load import ClientThreads
 from tests.support.polling import eventually
 from tests.support.registry import create_model, promote, upload_versions
 
@@ -112,29 +112,12 @@ class Answer:
     error: str = ""
 
 
-class GrpcLoad:
+class GrpcLoad(ClientThreads):
     """Client threads, each with its own tritonclient.grpc client (one channel), sending requests back to back."""
 
     def __init__(self, url: str, clients: int) -> None:
         self.url = url
-        self.answers: list[Answer] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)]
-
-    def __enter__(self) -> GrpcLoad:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=30)
-
-    def count(self, client: int, version: str) -> int:
-        with self._lock:
-            return sum(1 for a in self.answers if a.client == client and a.version == version)
+        super().__init__(clients)
 
     def _run(self, client: int) -> None:
         with grpcclient.InferenceServerClient(self.url) as triton:

@@ -12,7 +12,6 @@ import http.client
 import json
 import os
 import shutil
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import pytest
 
 from registry.models import InferenceWorker
 from tests.support.inference import answered_bias, infer_body
+from tests.support.load import ClientThreads
 from tests.support.onnx_models import add_model_bytes
 from tests.support.polling import eventually
 from tests.support.processes import ServeProcess
@@ -71,29 +71,12 @@ class Answer:
     error: str = ""
 
 
-class LoadClients:
+class LoadClients(ClientThreads):
     """Client threads, each on one keep-alive connection, sending /v2 infer requests back to back."""
 
     def __init__(self, port: int, clients: int) -> None:
         self.port = port
-        self.answers: list[Answer] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)]
-
-    def __enter__(self) -> LoadClients:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(timeout=30)
-
-    def count(self, client: int, version: str) -> int:
-        with self._lock:
-            return sum(1 for a in self.answers if a.client == client and a.version == version)
+        super().__init__(clients)
 
     def _run(self, client: int) -> None:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
