@@ -135,6 +135,9 @@ async def _client_gone(request: Request) -> None:
             return
 
 
+_MODEL_PREFIXES = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
+
+
 def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> Starlette:
     plane = plane or DataPlane(runtime)
 
@@ -247,7 +250,9 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
     model_metadata = model_endpoint(plane.model_metadata)
     model_ready = model_endpoint(plane.model_ready)
     model_config = model_endpoint(plane.model_config)
-    routes = [
+    # Inference first: Starlette tries the routes in turn, and this is the one nearly every request takes.
+    routes = [Route(f"{prefix}/infer", infer, methods=["POST"]) for prefix in _MODEL_PREFIXES]
+    routes += [
         Route("/v2", server_metadata),
         Route("/v2/health/live", live),
         Route("/v2/health/ready", ready),
@@ -258,13 +263,12 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
         Route("/v2/repository/models/{model}/load", repository_control("load"), methods=["POST"]),
         Route("/v2/repository/models/{model}/unload", repository_control("unload"), methods=["POST"]),
     ]
-    for prefix in ("/v2/models/{model}", "/v2/models/{model}/versions/{version}"):
+    for prefix in _MODEL_PREFIXES:
         routes += [
             Route(prefix, model_metadata),
             Route(f"{prefix}/ready", model_ready),
             Route(f"{prefix}/config", model_config),
             Route(f"{prefix}/stats", statistics),
-            Route(f"{prefix}/infer", infer, methods=["POST"]),
         ]
     app = Starlette(routes=routes, exception_handlers={404: _route_error, 405: _route_error})
     # Routes have no trailing slash; a redirect would lose clients that do not follow it.

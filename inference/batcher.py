@@ -1,13 +1,18 @@
 """A per-version dynamic batcher: concurrent requests with matching shapes become one ONNX Runtime run.
 
 Up to ``instances`` batches run at once (Triton's ``instance_group.count``) while the queue forms the
-next; they share the version's one ORT session, whose ``run()`` is thread-safe, on as many worker
-threads. One instance suits the CPU, where a single run already uses every core; two keep a GPU busy
-while one batch is being merged, split and encoded. A batch closes when it reaches
-``max_batch_size`` or when its oldest request has waited ``max_queue_delay``. Requests carry a
-priority (lower first, 0 = default) and an optional timeout, as in Triton; the queue is bounded
-and a full queue is refused at once. As in Triton, a request waiting for its batch to fill still
-counts against ``max_queue_size``. ORT runs in a worker thread, so the event loop never blocks.
+next, on as many worker threads. Without ``lanes`` they share the version's one ORT session, whose
+``run()`` is thread-safe: two keep a GPU busy while one batch is being merged, split and encoded.
+With ``lanes`` (one run function per instance, on the CPU: sessions that split the cores between
+them) each batch in flight has a lane of its own, and a lone batch (nothing else in flight, nothing
+waiting) runs on ``run`` instead, alone: the session with every core, so light traffic keeps the
+latency of one wide run while a busy queue gets the throughput of narrow runs side by side.
+
+A batch closes when it reaches ``max_batch_size`` or when its oldest request has waited
+``max_queue_delay``. Requests carry a priority (lower first, 0 = default) and an optional timeout,
+as in Triton; the queue is bounded and a full queue is refused at once. As in Triton, a request
+waiting for its batch to fill still counts against ``max_queue_size``. ORT runs in a worker
+thread, so the event loop never blocks.
 
 The settings may change while the batcher serves (:meth:`Batcher.configure`): each is read where it
 is used, so the next request and the next batch follow them, and nothing queued is lost.
@@ -19,10 +24,11 @@ closed with its version, from whichever thread releases that.
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,17 +72,21 @@ class Batcher:
         max_queue_delay_us: int,
         max_queue_size: int,
         instances: int = 1,
+        lanes: Sequence[Callable[[Arrays], Arrays]] = (),
         on_batch: Callable[[int, int], None] | None = None,
         on_close: Callable[[], None] | None = None,
         stats: VersionStats | None = None,
     ) -> None:
         self._run = run
         self.batching = batching
+        self.instances = 1
+        self.lanes: tuple[Callable[[Arrays], Arrays], ...] = ()
         self.configure(
             max_batch_size=max_batch_size,
             max_queue_delay_us=max_queue_delay_us,
             max_queue_size=max_queue_size,
             instances=instances,
+            lanes=lanes,
         )
         self._on_batch = on_batch
         self._on_close = on_close
@@ -86,6 +96,8 @@ class Batcher:
         self._seq = itertools.count()
         self._arrived = asyncio.Event()
         self._running = 0  # batches in flight, at most ``instances``
+        self._busy_lanes: set[int] = set()
+        self._alone = False  # a lone batch runs on ``run`` and nothing starts beside it
         self._freed = asyncio.Event()  # a batch finished: the runner may start the next
         # Threads start only when no idle one is left, so there are as many as batches ever ran at once.
         self._executor = ThreadPoolExecutor(max_workers=MAX_INSTANCES, thread_name_prefix="ort-run")
@@ -94,18 +106,31 @@ class Batcher:
         self._closed = False
 
     def configure(
-        self, *, max_batch_size: int, max_queue_delay_us: int, max_queue_size: int, instances: int | None = None
+        self,
+        *,
+        max_batch_size: int,
+        max_queue_delay_us: int,
+        max_queue_size: int,
+        instances: int | None = None,
+        lanes: Sequence[Callable[[Arrays], Arrays]] | None = None,
     ) -> None:
         """Take new settings; safe from any thread, since each is one attribute read where it is used.
 
         ``instances`` None keeps the current number. Fewer take effect as batches in flight finish;
-        more, once the batch in flight ends.
+        more, once the batch in flight ends. ``lanes`` None keeps the current ones; given, there must be
+        one per instance (or none): a batch in flight keeps the lane it started on.
         """
         self.max_batch_size = max(1, max_batch_size)
         self.max_delay = max_queue_delay_us / 1e6
         self.max_queue_size = max_queue_size
-        if instances is not None:
-            self.instances = min(MAX_INSTANCES, max(1, instances))
+        count = self.instances if instances is None else min(MAX_INSTANCES, max(1, instances))
+        if lanes is not None:
+            if lanes and len(lanes) != count:
+                raise ValueError(f"{len(lanes)} lanes for {count} instances")
+            self.lanes = tuple(lanes)
+        elif self.lanes and count != len(self.lanes):
+            raise ValueError(f"{count} instances need {count} lanes; {len(self.lanes)} are set")
+        self.instances = count
 
     @property
     def queued(self) -> int:
@@ -146,11 +171,17 @@ class Batcher:
             enqueued_ns=now_ns,
             deadline=now + timeout_us / 1e6 if timeout_us else None,
         )
-        heapq.heappush(self._queue, item)
-        self._arrived.set()
         if self._runner is None or self._runner.done():
             self._loop = loop
             self._runner = loop.create_task(self._run_loop())
+        if self._running == 0 and not self._queue and (self.max_delay == 0 or not self.batching):
+            # Nothing in flight or waiting, and no delay to wait for company: the runner would make this
+            # request a batch of its own on its next turn, so start it now (the lone-request latency).
+            self._running += 1
+            self._dispatch([item], *self._choose_lane())
+            return item.future
+        heapq.heappush(self._queue, item)
+        self._arrived.set()
         return item.future
 
     async def _run_loop(self) -> None:
@@ -158,7 +189,7 @@ class Batcher:
             while not self._queue:
                 self._arrived.clear()
                 await self._arrived.wait()
-            while self._running >= self.instances:
+            while self._alone or self._running >= self.instances:
                 self._freed.clear()
                 await self._freed.wait()
             self._running += 1
@@ -166,10 +197,30 @@ class Batcher:
             if not batch:
                 self._running -= 1
                 continue
-            asyncio.get_running_loop().create_task(self._execute(batch))
+            self._dispatch(batch, *self._choose_lane())
 
-    def _slot_done(self) -> None:
+    def _choose_lane(self) -> tuple[int | None, Callable[[Arrays], Arrays]]:
+        """Where the batch just gathered runs: ``run`` alone when nothing else is in flight or waiting, else a lane.
+
+        Without lanes every batch runs on ``run``. Just after the lanes were replaced, a batch in flight
+        may still hold an index the new ones need; then this batch shares ``run`` (only until it ends).
+        """
+        lanes = self.lanes
+        if not lanes or (self._running == 1 and not self._queue):
+            self._alone = bool(lanes)
+            return None, self._run
+        free = [i for i in range(len(lanes)) if i not in self._busy_lanes]
+        if not free:
+            return None, self._run
+        self._busy_lanes.add(free[0])
+        return free[0], lanes[free[0]]
+
+    def _slot_done(self, lane: int | None) -> None:
         self._running -= 1
+        if lane is None:
+            self._alone = False
+        else:
+            self._busy_lanes.discard(lane)
         self._freed.set()
 
     def _take_live(self) -> _Item | None:
@@ -224,30 +275,43 @@ class Batcher:
                 pass
         return batch
 
-    async def _execute(self, batch: list[_Item]) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-            try:
-                results = await loop.run_in_executor(self._executor, self._run_batch, batch)
-            except Exception as exc:  # noqa: BLE001 - handed to the requests below
-                if len(batch) == 1:
-                    if not batch[0].future.done():
-                        batch[0].future.set_exception(exc)
-                    return
-                # One request's data may have failed the merged run: run each alone so only it fails.
-                for item in batch:
-                    if not item.future.done():
-                        await self._execute_alone(loop, item)
-                return
-            for item, result in zip(batch, results, strict=True):
+    def _dispatch(self, batch: list[_Item], lane: int | None, run: Callable[[Arrays], Arrays]) -> None:
+        """Run ``batch`` on a worker thread; its requests' futures get their outputs when it is done."""
+        assert self._loop is not None
+        done = self._loop.run_in_executor(self._executor, self._run_batch, batch, run)
+        done.add_done_callback(functools.partial(self._batch_done, batch, lane, run))
+
+    def _batch_done(
+        self, batch: list[_Item], lane: int | None, run: Callable[[Arrays], Arrays], done: asyncio.Future[list[Arrays]]
+    ) -> None:
+        error = done.exception() if not done.cancelled() else asyncio.CancelledError()
+        if error is None:
+            for item, result in zip(batch, done.result(), strict=True):
                 if not item.future.done():
                     item.future.set_result(result)
-        finally:
-            self._slot_done()
+        elif len(batch) > 1:
+            # One request's data may have failed the merged run: run each alone so only it fails.
+            assert self._loop is not None
+            self._loop.create_task(self._execute_each(batch, lane, run))
+            return  # the lane is freed when they are done
+        elif not batch[0].future.done():
+            batch[0].future.set_exception(error)
+        self._slot_done(lane)
 
-    async def _execute_alone(self, loop: asyncio.AbstractEventLoop, item: _Item) -> None:
+    async def _execute_each(self, batch: list[_Item], lane: int | None, run: Callable[[Arrays], Arrays]) -> None:
         try:
-            result = await loop.run_in_executor(self._executor, self._run_batch, [item])
+            loop = asyncio.get_running_loop()
+            for item in batch:
+                if not item.future.done():
+                    await self._execute_alone(loop, item, run)
+        finally:
+            self._slot_done(lane)
+
+    async def _execute_alone(
+        self, loop: asyncio.AbstractEventLoop, item: _Item, run: Callable[[Arrays], Arrays]
+    ) -> None:
+        try:
+            result = await loop.run_in_executor(self._executor, self._run_batch, [item], run)
         except Exception as exc:  # noqa: BLE001 - this request's own error
             if not item.future.done():
                 item.future.set_exception(exc)
@@ -255,13 +319,13 @@ class Batcher:
         if not item.future.done():
             item.future.set_result(result[0])
 
-    def _run_batch(self, batch: list[_Item]) -> list[Arrays]:
+    def _run_batch(self, batch: list[_Item], run: Callable[[Arrays], Arrays]) -> list[Arrays]:
         started = time.monotonic_ns()
         if len(batch) == 1:
             item = batch[0]
             if self._on_batch:
                 self._on_batch(1, item.rows)
-            outputs = self._run(item.feeds)
+            outputs = run(item.feeds)
             if self._stats is not None:
                 ran = time.monotonic_ns()
                 self._stats.batch_done(item.rows, 1, started - item.enqueued_ns, 0, ran - started, 0)
@@ -269,7 +333,7 @@ class Batcher:
         names = list(batch[0].feeds)
         merged = {name: np.concatenate([item.feeds[name] for item in batch], axis=0) for name in names}
         merged_at = time.monotonic_ns()
-        outputs = self._run(merged)
+        outputs = run(merged)
         ran = time.monotonic_ns()
         rows = sum(item.rows for item in batch)
         if self._on_batch:

@@ -368,14 +368,16 @@ class DataPlane:
         try:
             if client_gone is None:
                 return await future
+            # The client going away cancels the request (the batcher drops it before it runs).
             disconnect: asyncio.Future[Any] = asyncio.ensure_future(client_gone)
+            disconnect.add_done_callback(lambda _: future.cancel())
             try:
-                done, _ = await asyncio.wait([future, disconnect], return_when=asyncio.FIRST_COMPLETED)
+                return await future
+            except asyncio.CancelledError:
+                if not disconnect.done() or disconnect.cancelled():
+                    raise  # this task itself was cancelled, not the request
             finally:
                 disconnect.cancel()
-            if future in done:
-                return future.result()
-            future.cancel()  # the client went away: drop the request before it runs
         except RequestTimeout as exc:
             raise RequestTimeout(f"{exc} (timeout {request.timeout_us} us)") from None
         except InferenceError:

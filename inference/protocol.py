@@ -274,7 +274,10 @@ def _from_json_data(name: str, datatype: str, data: Any, count: int) -> np.ndarr
         array = string_array(name, list(np.asarray(data, dtype=object).reshape(-1)))
     else:
         try:
-            with np.errstate(over="ignore"):  # an FP16 overflow (70000 -> inf) is refused below as not finite
+            if datatype == "FP16":
+                with np.errstate(over="ignore"):  # an overflow (70000 -> inf) is refused below as not finite
+                    array = np.asarray(data, dtype=np.float16).reshape(-1)
+            else:
                 array = np.asarray(data, dtype=NUMPY_OF[datatype]).reshape(-1)
         except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidInput(f"input '{name}': data does not fit {datatype}: {exc}") from None
@@ -344,7 +347,7 @@ def check_input(
         len(want) != len(shape) or any(w not in (-1, s) for w, s in zip(want, shape, strict=True))
     ):
         raise InvalidInput(f"input '{name}': expected shape {want}, got {shape}")
-    return shape, int(np.prod(shape)) if shape else 1
+    return shape, math.prod(shape)
 
 
 def check_all_inputs(expected: dict[str, dict[str, Any]], inputs: dict[str, np.ndarray]) -> None:

@@ -9,11 +9,13 @@ load never touches what is serving. The request path reads only the in-memory ro
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,10 +32,13 @@ from inference.cache import ArtifactCache
 from inference.errors import InferenceError
 from inference.protocol import BodyLimit, body_limit, can_batch, decode_request
 from inference.sessions import (
+    CPU,
     GPU_PROVIDERS,
     FixedAddressRunner,
+    build_cpu_lanes,
     build_session,
     device_description,
+    lane_threads,
     run_with_iobinding,
     unfixed_tensors,
 )
@@ -76,10 +81,16 @@ class LoadedVersion:
         labels: tuple[str, ...] = (),
         text: TextEncoder | None = None,
         runner: FixedAddressRunner | None = None,
+        lanes: list[Any] | None = None,
+        make_lanes: Callable[[int], list[Any]] | None = None,
     ) -> None:
         self.spec = spec
         self.session = session
         self.runner = runner  # CUDA graphs: runs at fixed addresses, one at a time
+        # On the CPU, with instances > 1: one narrow session per instance (sessions.build_cpu_lanes), which
+        # make_lanes builds again when the model's instances change.
+        self.lane_sessions: list[Any] = list(lanes or [])
+        self._make_lanes = make_lanes
         self.provider = provider
         self.load_seconds = load_seconds
         self.memory_bytes = memory_bytes
@@ -100,6 +111,7 @@ class LoadedVersion:
             max_queue_delay_us=spec.max_queue_delay_us,
             max_queue_size=spec.max_queue_size,
             instances=self.instances_for(spec),
+            lanes=self._lane_runs(),
             on_batch=self._observe_batch,
             on_close=self._forget_queue_depth,
             stats=self.stats,
@@ -133,14 +145,21 @@ class LoadedVersion:
         """Every output by name; the batcher's run (``self.run`` is looked up each time, so tests can hold it)."""
         return dict(zip(self.output_names, self.run(feeds), strict=True))
 
+    def _run_lane(self, index: int, feeds: dict[str, Any]) -> dict[str, Any]:
+        """Every output by name, from lane ``index``'s session (looked up each time, like ``self.run``).
+
+        While the lanes are being replaced, the batcher may still pick an index that the new list does
+        not have; that batch runs on the version's session instead (the same outputs).
+        """
+        lanes = self.lane_sessions
+        session = lanes[index] if index < len(lanes) else self.session
+        return dict(zip(self.output_names, session.run(None, feeds), strict=True))
+
+    def _lane_runs(self) -> list[Callable[[dict[str, Any]], dict[str, Any]]]:
+        return [functools.partial(self._run_lane, index) for index in range(len(self.lane_sessions))]
+
     def instances_for(self, spec: VersionSpec) -> int:
-        """The model's ``instances``, or by provider when unset: 2 on a GPU (one batch runs while the next is
-        merged and the last split and encoded), 1 on the CPU (one ORT run already takes every core)."""
-        if self.runner is not None:
-            return 1  # one set of fixed buffers (and one captured graph): runs take turns whatever is asked
-        if spec.instances:
-            return spec.instances
-        return 2 if self.provider in GPU_PROVIDERS else 1
+        return instances_for(spec, self.provider, fixed_address=self.runner is not None)
 
     @property
     def instances(self) -> int:
@@ -165,11 +184,22 @@ class LoadedVersion:
             max_queue_size=spec.max_queue_size,
             instances=spec.instances,
         )
+        instances = self.instances_for(spec)
+        lanes = None  # keep them
+        if self._make_lanes is not None and instances != max(1, len(self.lane_sessions)):
+            try:
+                self.lane_sessions = self._make_lanes(instances) if instances > 1 else []
+            except Exception:
+                # e.g. out of memory: the instances share the one session instead, which works, only slower.
+                logger.exception("%s v%s: could not build %d CPU lanes", spec.model, spec.version, instances)
+                self.lane_sessions = []
+            lanes = self._lane_runs()
         self.batcher.configure(
             max_batch_size=spec.max_batch_size,
             max_queue_delay_us=spec.max_queue_delay_us,
             max_queue_size=spec.max_queue_size,
-            instances=self.instances_for(spec),
+            instances=instances,
+            lanes=lanes,
         )
 
     def body_limit(self, default: int) -> BodyLimit:
@@ -186,6 +216,7 @@ class LoadedVersion:
             drained = self._cond.wait_for(lambda: self._inflight == 0, timeout=timeout)
             self._closed = True
             self.session = None
+            self.lane_sessions = []
             self.state = LoadState.CLOSED
         self.batcher.close()
         return drained
@@ -197,6 +228,16 @@ class LoadedVersion:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+def instances_for(spec: VersionSpec, provider: str, *, fixed_address: bool = False) -> int:
+    """The model's ``instances``, or by provider when unset: 2 on a GPU (one batch runs while the next is
+    merged and the last split and encoded), 1 on the CPU (one ORT run already takes every core)."""
+    if fixed_address:
+        return 1  # one set of fixed buffers (and one captured graph): runs take turns whatever is asked
+    if spec.instances:
+        return spec.instances
+    return 2 if provider in GPU_PROVIDERS else 1
 
 
 class Router:
@@ -462,6 +503,12 @@ class InferenceRuntime:
             )
         samples = folder / SAMPLE_INPUTS_FILE if SAMPLE_INPUTS_FILE in extras else None
         _warm_up(built.session, spec, samples, runner)
+        make_lanes = None
+        lanes: list[Any] = []
+        if built.provider == CPU:
+            make_lanes = functools.partial(self._cpu_lanes, folder / spec.model_file, spec, samples)
+            instances = instances_for(spec, built.provider)
+            lanes = make_lanes(instances) if instances > 1 else []
         loaded = LoadedVersion(
             spec,
             built.session,
@@ -472,9 +519,22 @@ class InferenceRuntime:
             labels=_read_labels(folder / LABELS_FILE) if LABELS_FILE in extras else (),
             text=text,
             runner=runner,
+            lanes=lanes,
+            make_lanes=make_lanes,
         )
         logger.info("loaded %s v%s on %s in %.2fs", spec.model, spec.version, built.provider, loaded.load_seconds)
         return loaded
+
+    @staticmethod
+    def _cpu_lanes(model_path: Path, spec: VersionSpec, samples: Path | None, instances: int) -> list[Any]:
+        """The CPU lanes of a version with ``instances`` > 1, each warmed up like the version's session."""
+        lanes = build_cpu_lanes(model_path, instances)
+        for lane in lanes:
+            _warm_up(lane, spec, samples)
+        logger.info(
+            "%s v%s: %d CPU lanes of %d intra-op threads", spec.model, spec.version, instances, lane_threads(instances)
+        )
+        return lanes
 
     def _collect_finished_loads(self) -> None:
         for version_id, future in list(self._loads.items()):

@@ -210,12 +210,13 @@ def provider_options(names: list[str], *, cuda_graphs: bool = False) -> list[tup
     return out
 
 
-def session_options() -> Any:
+def session_options(intra_op_threads: int = 0) -> Any:
+    """ORT's options from the settings; ``intra_op_threads`` (0: the setting, else ORT's default) overrides."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    if settings.ORT_INTRA_OP_THREADS:
-        options.intra_op_num_threads = settings.ORT_INTRA_OP_THREADS
+    if intra_op_threads or settings.ORT_INTRA_OP_THREADS:
+        options.intra_op_num_threads = intra_op_threads or settings.ORT_INTRA_OP_THREADS
     if settings.ORT_INTER_OP_THREADS:
         options.inter_op_num_threads = settings.ORT_INTER_OP_THREADS
     level = _GRAPH_LEVELS.get(settings.ORT_GRAPH_OPTIMIZATION, "ORT_ENABLE_ALL")
@@ -439,16 +440,39 @@ def _dynamic_inputs(session: Any) -> list[str]:
     return [i.name for i in session.get_inputs() if any(not isinstance(d, int) or d < 0 for d in i.shape)]
 
 
-def _create(model_path: Path, chosen: list[str], *, cuda_graphs: bool) -> Any:
+def _create(model_path: Path, chosen: list[str], *, cuda_graphs: bool, intra_op_threads: int = 0) -> Any:
     import onnxruntime as ort
 
     # enable_fallback=0: ONNX Runtime would otherwise retry on the CPU by itself and only print why.
     return ort.InferenceSession(
         os.fspath(model_path),
-        session_options(),
+        session_options(intra_op_threads),
         providers=provider_options(chosen, cuda_graphs=cuda_graphs),
         enable_fallback=0,
     )
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, which containers and ``taskset`` narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def lane_threads(instances: int) -> int:
+    """Intra-op threads of each CPU lane: ``MODELYARD_ORT_INTRA_OP_THREADS``, else the cores shared out."""
+    return settings.ORT_INTRA_OP_THREADS or max(1, usable_cores() // instances)
+
+
+def build_cpu_lanes(model_path: Path, instances: int) -> list[Any]:
+    """One CPU session per instance, each with its share of the cores (:func:`lane_threads`).
+
+    Two runs on one session would each want every core; on a small CPU their threads then wait on
+    each other. Narrow sessions side by side do not (measured in the README, "Measured").
+    """
+    threads = lane_threads(instances)
+    return [_create(model_path, [CPU], cuda_graphs=False, intra_op_threads=threads) for _ in range(instances)]
 
 
 def build_session(model_path: Path, *, fixed_address_io: bool = False) -> BuiltSession:

@@ -1,4 +1,6 @@
-"""``instances``: how many batches of one version run at once on its shared ONNX Runtime session.
+"""``instances``: how many batches of one version run at once, on its shared ONNX Runtime session or,
+on the CPU, on lanes: one narrower session per instance, with the version's own session kept for a
+lone batch.
 
 The runs are held inside ``run()`` until a second one arrives (or a short wait passes), so whether
 two batches overlap is counted, not timed: with two instances they meet, with one they never do.
@@ -16,7 +18,9 @@ from django.contrib.auth import get_user_model
 
 from inference.batcher import Batcher
 from inference.dataplane import DataPlane
+from inference.sessions import build_cpu_lanes, lane_threads, usable_cores
 from registry.models import RegisteredModel
+from tests.support.onnx_models import add_model_bytes
 from tests.support.polling import reconcile_until
 from tests.support.registry import create_model, promote, upload_versions
 
@@ -95,6 +99,101 @@ def test_fewer_instances_take_effect_as_batches_finish():
     assert (overlap.most, overlap.calls) == (1, 4)
 
 
+class Lanes:
+    """A wide run and one run per lane, each recording where it ran; the lanes wait for a partner like
+    :class:`Overlap`, and the wide run checks that nothing else is in flight while it runs."""
+
+    def __init__(self, count: int, wait: float) -> None:
+        self.lanes = Overlap(wait)
+        self.ran: list[str] = []
+        self.wide_beside_other = 0
+        self._wide_now = 0
+        self.runs = [self._lane(i) for i in range(count)]
+
+    def _lane(self, index: int) -> Any:
+        def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            self.ran.append(f"lane{index}")
+            if self._wide_now:
+                self.wide_beside_other += 1
+            return self.lanes.run(feeds)
+
+        return run
+
+    def wide(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.ran.append("wide")
+        if self.lanes.now:
+            self.wide_beside_other += 1
+        self._wide_now += 1
+        try:
+            return {"y": feeds["x"] * 2}
+        finally:
+            self._wide_now -= 1
+
+
+def test_lone_requests_run_on_the_wide_session_and_a_busy_queue_on_the_lanes_side_by_side():
+    lanes = Lanes(2, wait=1)
+
+    async def main() -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
+        batcher = Batcher(
+            lanes.wide,
+            batching=False,
+            max_batch_size=1,
+            max_queue_delay_us=0,
+            max_queue_size=100,
+            instances=2,
+            lanes=lanes.runs,
+        )
+        one_by_one = [await batcher.submit({"x": np.full((1, 2), i, np.float32)}) for i in range(3)]
+        at_once = await asyncio.gather(*[batcher.submit({"x": np.full((1, 2), i, np.float32)}) for i in range(6)])
+        batcher.close()
+        return one_by_one, at_once
+
+    one_by_one, at_once = asyncio.run(main())
+    # One at a time: each finds nothing in flight and nothing waiting, so it runs on the session with every core.
+    assert lanes.ran[:3] == ["wide"] * 3
+    # Six at once: the first starts alone on the wide session and the rest queue behind it; then two lanes run
+    # side by side (held until both are in), and the wide session never runs beside a lane.
+    assert lanes.ran[3:6] == ["wide", "lane0", "lane1"]
+    assert lanes.lanes.most == 2 and lanes.wide_beside_other == 0
+    for i, result in enumerate(one_by_one + at_once):
+        np.testing.assert_array_equal(result["y"], np.full((1, 2), 2 * (i if i < 3 else i - 3), np.float32))
+
+
+def test_a_lone_request_starts_its_run_without_waiting_for_the_loop():
+    started = threading.Event()
+
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        started.set()
+        return {"y": feeds["x"]}
+
+    async def main() -> tuple[bool, int]:
+        batcher = Batcher(run, batching=True, max_batch_size=8, max_queue_delay_us=0, max_queue_size=10)
+        future = batcher.submit({"x": np.zeros((1, 2), np.float32)})
+        # The loop is blocked here: only a run handed to the worker thread inside submit() can start.
+        began = started.wait(timeout=5)
+        queued = batcher.queued
+        await future
+        batcher.close()
+        return began, queued
+
+    assert asyncio.run(main()) == (True, 0)
+
+
+def test_lanes_must_match_the_instances():
+    def run(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return feeds
+
+    with pytest.raises(ValueError, match="1 lanes for 2 instances"):
+        Batcher(run, batching=True, max_batch_size=8, max_queue_delay_us=0, max_queue_size=10, instances=2, lanes=[run])
+    batcher = Batcher(
+        run, batching=True, max_batch_size=8, max_queue_delay_us=0, max_queue_size=10, instances=2, lanes=[run, run]
+    )
+    with pytest.raises(ValueError, match="3 instances need 3 lanes; 2 are set"):
+        batcher.configure(max_batch_size=8, max_queue_delay_us=0, max_queue_size=10, instances=3)
+    batcher.configure(max_batch_size=8, max_queue_delay_us=0, max_queue_size=10, instances=1, lanes=[])
+    assert (batcher.instances, batcher.lanes) == (1, ())
+
+
 class HeldSession:
     """A real ORT session whose ``run()`` is counted by an :class:`Overlap` (ORT's run is thread-safe)."""
 
@@ -147,13 +246,29 @@ def test_instances_by_provider_then_from_the_model_reach_the_version_the_fleet_a
     runtime.reconcile_once()
     assert runtime.router.resolve("demo") is loaded and loaded.instances == 2  # no reload
 
-    two = Overlap(wait=5)
-    loaded.session = HeldSession(session, two)
+    # On the CPU, two instances are two lanes: sessions of their own, each with half the cores.
+    lanes = list(loaded.lane_sessions)
+    assert len(lanes) == 2 and session not in lanes
+    threads = max(1, usable_cores() // 2)
+    assert [lane.get_session_options().intra_op_num_threads for lane in lanes] == [threads, threads]
+    # The first of four starts alone on the version's session; the rest queue behind it and then run on the
+    # lanes, two side by side (each held until the other is in).
+    two = Overlap(wait=1)
+    loaded.lane_sessions = [HeldSession(lane, two) for lane in lanes]
     outputs = infer(4)
-    assert (two.most, two.calls) == (2, 4)
+    assert two.most == 2 and two.calls in (2, 3)
     for i, out in enumerate(outputs):
         np.testing.assert_array_equal(out["y"], session.run(["y"], {"x": np.ones((1, 4), np.float32) * i})[0])
-    loaded.session = session
+    loaded.lane_sessions = lanes
+
+    # Three instances: three new lanes, built before the batcher takes them.
+    assert admin.patch("/api/v1/models/demo", {"instances": 3}).status_code == 200
+    runtime.reconcile_once()
+    assert loaded.instances == 3 and len(loaded.lane_sessions) == 3
+    assert not set(loaded.lane_sessions) & set(lanes)
+    assert admin.patch("/api/v1/models/demo", {"instances": 2}).status_code == 200
+    runtime.reconcile_once()
+    assert len(loaded.lane_sessions) == 2
 
     runtime.heartbeat()
     [worker] = admin.get("/api/v1/fleet").json()
@@ -163,10 +278,15 @@ def test_instances_by_provider_then_from_the_model_reach_the_version_the_fleet_a
     page = admin.client.get("/ui/fleet").content.decode()
     assert 'data-instances="2">2 instances</span>' in page
 
-    # Unset again: back to the provider's default.
+    # Unset again: back to the provider's default, and the lanes are dropped.
     assert admin.patch("/api/v1/models/demo", {"instances": None}).status_code == 200
     runtime.reconcile_once()
-    assert loaded.instances == 1
+    assert loaded.instances == 1 and loaded.lane_sessions == []
+    one = Overlap(wait=0.05)
+    loaded.session = HeldSession(session, one)
+    infer(3)
+    assert (one.most, one.calls) == (1, 3)
+    loaded.session = session
 
 
 @pytest.mark.django_db
@@ -177,3 +297,19 @@ def test_instances_out_of_range_are_refused_and_nothing_changes(owner, admin):
         assert response.status_code == 400, response.content
         assert error in str(response.json()), response.json()
     assert RegisteredModel.objects.get(name="demo").instances is None
+
+
+def test_cpu_lanes_share_out_the_cores_unless_the_threads_are_set(tmp_path, settings):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(add_model_bytes(bias=1.0))
+    feeds = {"x": np.arange(8, dtype=np.float32).reshape(2, 4)}
+    settings.ORT_INTRA_OP_THREADS = 0
+    lanes = build_cpu_lanes(path, 2)
+    assert lane_threads(2) == max(1, usable_cores() // 2)
+    assert [lane.get_session_options().intra_op_num_threads for lane in lanes] == [lane_threads(2)] * 2
+    assert lane_threads(64) == 1  # never none
+    for lane in lanes:
+        np.testing.assert_array_equal(lane.run(None, feeds)[0], feeds["x"] + 1.0)
+    settings.ORT_INTRA_OP_THREADS = 3  # MODELYARD_ORT_INTRA_OP_THREADS: every session, lanes too
+    (lane,) = build_cpu_lanes(path, 1)
+    assert lane.get_session_options().intra_op_num_threads == 3
