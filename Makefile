@@ -62,9 +62,10 @@ bench-install: install
 	$(BIN)/pip install --quiet -e '.[$(ORT),bench]'
 	@command -v wrk >/dev/null && command -v h2load >/dev/null || echo "also: apt-get install -y wrk nghttp2-client"
 
-# The issue 14 ratios, three rounds: served/raw batch-32 and served/naive at 64 clients, single-client p50 overhead.
+# The serving goals, three rounds: served/raw batch-32 and served/naive at 64 clients, single-client p50
+# overhead; MiniLM with instances 2 (two CPU lanes).
 bench-serve: bench-install
-	$(BIN)/python bench/serve.py --clients 1,64 --rounds 3
+	$(BIN)/python bench/serve.py --clients 1,64 --rounds 3 --instances 2
 
 clean:
 	rm -rf $(VENV) .modelyard .pytest_cache .mypy_cache .ruff_cache

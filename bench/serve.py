@@ -28,10 +28,14 @@ It prints a table and writes bench/results/serve.json. Targets (issue 14, 2-core
 on Modelyard with JSON tensors (``--tensors binary`` judges binary tensors instead): at the most
 clients (64), at least 0.80x raw ORT batch-32 and 1.5x the naive server, with zero errors; with one
 client, a p50 latency within 1 ms of raw batch-1 ``run()``; gRPC at least as many requests per
-second as HTTP with binary tensors, with zero errors. ``--rounds 3`` measures everything three
-times in turn (raw ORT, then the servers) and ends with one line of ratios per round:
+second as HTTP with binary tensors, with zero errors.
 
-    .venv/bin/python bench/serve.py --clients 1,64 --rounds 3
+The servers start once and stay up (idle while another is measured). ``--rounds N`` measures raw
+ORT and then every series N times in turn, the series' order reversed every other round, so that
+a change in the machine's load (this machine is shared) does not fall on one of them alone; each
+round prints its ratios, and the goals are judged on each ratio's median over the rounds:
+
+    .venv/bin/python bench/serve.py --clients 1,64 --rounds 3 --instances 2
 """
 
 from __future__ import annotations
