@@ -284,7 +284,12 @@ class Batcher:
     def _batch_done(
         self, batch: list[_Item], lane: int | None, run: Callable[[Arrays], Arrays], done: asyncio.Future[list[Arrays]]
     ) -> None:
-        error = done.exception() if not done.cancelled() else asyncio.CancelledError()
+        if done.cancelled():  # the loop is shutting down: nothing will wait for these
+            for item in batch:
+                item.future.cancel()
+            self._slot_done(lane)
+            return
+        error = done.exception()
         if error is None:
             for item, result in zip(batch, done.result(), strict=True):
                 if not item.future.done():
