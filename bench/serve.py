@@ -24,7 +24,7 @@ its answer is checked against ONNX Runtime before load.
 The inference endpoint is public (``MODELYARD_INFERENCE_PUBLIC=1``) so that no side pays for a
 token the other does not check.
 
-It prints a table and writes bench/results/serve.json. Targets (issue 14, 2-core CPU machine), judged
+It prints a table and writes bench/results/serve.json. Targets (the serving goals, 2-core CPU machine), judged
 on Modelyard with JSON tensors (``--tensors binary`` judges binary tensors instead): at the most
 clients (64), at least 0.80x raw ORT batch-32 and 1.5x the naive server, with zero errors; with one
 client, a p50 latency within 1 ms of raw batch-1 ``run()``; gRPC at least as many requests per
@@ -876,7 +876,7 @@ def server_stack(pid: int) -> dict[str, bool]:
     return {name: f"/{name}/" in maps for name in ("uvloop", "httptools", "orjson")}
 
 
-# The issue's goals (issue 14), at the most clients measured, on the series ``--tensors`` picks.
+# The serving goals, at the most clients measured, on the series ``--tensors`` picks.
 TARGET_VS_RAW_BATCH32 = 0.80
 TARGET_VS_NAIVE = 1.5
 TARGET_P50_OVERHEAD_MS = 1.0
