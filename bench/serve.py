@@ -711,7 +711,7 @@ def main() -> int:
         "--tensors",
         choices=("json", "binary"),
         default="json",
-        help="which Modelyard series the targets judge: JSON tensors (the issue's goals) or binary tensors",
+        help="which Modelyard series the targets judge: JSON tensors (the serving goals) or binary tensors",
     )
     parser.add_argument(
         "--rounds", type=int, default=1, help="measure raw ORT and the servers this many times in turn, each judged"
@@ -972,7 +972,7 @@ def median_targets(reports: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def ratios_line(t: dict[str, Any]) -> str:
-    """The issue's ratios in one line: served/raw batch-32, served/naive, errors, single-client p50 overhead."""
+    """The goals' ratios in one line: served/raw batch-32, served/naive, errors, single-client p50 overhead."""
     naive = f"{t['vs_naive']:.2f}x" if t.get("vs_naive") is not None else "n/a"
     p50 = f"{t['p50_overhead_ms']:+.2f} ms" if "p50_overhead_ms" in t else "n/a (no 1-client run)"
     return (
