@@ -601,15 +601,6 @@ class GrpcLoad:
         return python_grpc_load(port, message, clients, duration)
 
 
-def measure_grpc(port: int, message: bytes, load: GrpcLoad, count: int, pid: int) -> dict[str, Any]:
-    before, children = thread_cpu(pid), resource.getrusage(resource.RUSAGE_CHILDREN)
-    r = load.run(port, message, count, warm=False)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    load_cpu = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
-    r["cpu"] = where_the_time_goes(pid, before, load_cpu, load.duration, r["requests"])
-    return r
-
-
 # --- the run -------------------------------------------------------------------------------------------
 
 
@@ -654,14 +645,13 @@ def http_headers(header_length: int | None) -> dict[str, str]:
     return {"Content-Type": "application/json"}
 
 
-def measure_server(
-    port: int, body: bytes, header_length: int | None, load: Load, count: int, pid: int
-) -> dict[str, Any]:
+def measured(pid: int, duration: float, load: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run one measured load and add where the machine's CPU went meanwhile (server threads, load generator)."""
     before, children = thread_cpu(pid), resource.getrusage(resource.RUSAGE_CHILDREN)
-    r = load.run(port, INFER_PATH, body, header_length, count, warm=False)
+    r = load()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    wrk_cpu = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
-    r["cpu"] = where_the_time_goes(pid, before, wrk_cpu, load.duration, r["requests"])
+    load_cpu = (after.ru_utime - children.ru_utime) + (after.ru_stime - children.ru_stime)
+    r["cpu"] = where_the_time_goes(pid, before, load_cpu, duration, r["requests"])
     return r
 
 
@@ -684,7 +674,9 @@ def http_series(
         label=label,
         check=lambda: decode_embedding(*post(port, INFER_PATH, body, http_headers(header_length))),
         warm=lambda count: load.run(port, INFER_PATH, body, header_length, count, warm=True),
-        measure=lambda count: measure_server(port, body, header_length, load, count, pid),
+        measure=lambda count: measured(
+            pid, load.duration, lambda: load.run(port, INFER_PATH, body, header_length, count, warm=False)
+        ),
     )
 
 
@@ -694,7 +686,7 @@ def grpc_series(port: int, pid: int, message: bytes, load: GrpcLoad) -> Series:
         label="gRPC",
         check=lambda: grpc_call(port, message),
         warm=lambda count: load.run(port, message, count, warm=True),
-        measure=lambda count: measure_grpc(port, message, load, count, pid),
+        measure=lambda count: measured(pid, load.duration, lambda: load.run(port, message, count, warm=False)),
     )
 
 

@@ -551,19 +551,20 @@ def output_datatype(array: np.ndarray) -> str:
     return PROTOCOL_OF.get(array.dtype.str, PROTOCOL_OF.get(array.dtype.newbyteorder("<").str, str(array.dtype)))
 
 
-def binary_output(array: np.ndarray, datatype: str) -> bytes:
-    """An output in the binary form: little-endian elements, or BYTES elements each after a 4-byte length."""
-    if datatype == "BYTES":
-        return _bytes_payload(array)
-    return np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
-
-
 def _binary_view(array: np.ndarray, datatype: str) -> bytes | memoryview:
-    """:func:`binary_output` without its copy: a view of the (little-endian, contiguous) array's own memory."""
+    """An output in the binary form: little-endian elements, or BYTES elements each after a 4-byte length.
+
+    Numbers come as a view of the (little-endian, contiguous) array's own memory, not a copy.
+    """
     if datatype == "BYTES":
         return _bytes_payload(array)
     data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
     return memoryview(data.data).cast("B") if data.size else b""  # an empty view cannot be cast
+
+
+def binary_output(array: np.ndarray, datatype: str) -> bytes:
+    """:func:`_binary_view` as ``bytes`` (what a protobuf field takes): one copy of the elements."""
+    return bytes(_binary_view(array, datatype))
 
 
 def _bytes_payload(array: np.ndarray) -> bytes:
@@ -577,8 +578,14 @@ def _bytes_payload(array: np.ndarray) -> bytes:
 
 # Arrays orjson writes itself (OPT_SERIALIZE_NUMPY), with no Python float or int per element.
 _ORJSON_NUMPY = frozenset(
-    np.dtype(t).str for t in (np.float32, np.float64, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16)
-) | frozenset(np.dtype(t).str for t in (np.uint32, np.uint64, np.bool_))
+    np.dtype(t).str
+    for t in (
+        *(np.float32, np.float64),
+        *(np.int8, np.int16, np.int32, np.int64),
+        *(np.uint8, np.uint16, np.uint32, np.uint64),
+        np.bool_,
+    )
+)
 
 
 def _json_data(array: np.ndarray) -> list[Any] | np.ndarray:

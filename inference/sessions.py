@@ -410,20 +410,18 @@ class FixedAddressRunner:
     def __init__(self, session: Any, signature: dict[str, Any], *, device: str, device_id: int = 0) -> None:
         import onnxruntime as ort
 
+        def buffer(spec: dict[str, Any]) -> tuple[Any, np.dtype[Any]]:
+            dtype = np.dtype(NUMPY_OF[spec["datatype"]])
+            return ort.OrtValue.ortvalue_from_shape_and_type(spec["shape"], dtype, device, device_id), dtype
+
         self._session = session
         self._binding = session.io_binding()
-        self._inputs: dict[str, tuple[Any, np.dtype[Any]]] = {}
-        self._outputs: dict[str, Any] = {}
-        for spec in signature.get("inputs", []):
-            dtype = np.dtype(NUMPY_OF[spec["datatype"]])
-            value = ort.OrtValue.ortvalue_from_shape_and_type(spec["shape"], dtype, device, device_id)
-            self._binding.bind_ortvalue_input(spec["name"], value)
-            self._inputs[spec["name"]] = (value, dtype)
-        for spec in signature.get("outputs", []):
-            dtype = np.dtype(NUMPY_OF[spec["datatype"]])
-            value = ort.OrtValue.ortvalue_from_shape_and_type(spec["shape"], dtype, device, device_id)
-            self._binding.bind_ortvalue_output(spec["name"], value)
-            self._outputs[spec["name"]] = value
+        self._inputs = {spec["name"]: buffer(spec) for spec in signature.get("inputs", [])}
+        self._outputs = {spec["name"]: buffer(spec)[0] for spec in signature.get("outputs", [])}
+        for name, (value, _) in self._inputs.items():
+            self._binding.bind_ortvalue_input(name, value)
+        for name, value in self._outputs.items():
+            self._binding.bind_ortvalue_output(name, value)
         self._lock = threading.Lock()
 
     def run(self, output_names: list[str] | None, feeds: dict[str, Any]) -> list[Any]:

@@ -155,6 +155,16 @@ def _reraise_if_out_of_memory(exc: BaseException) -> None:
         raise MemoryError(_first_line(exc)) from exc
 
 
+def _run_on(session: Any, feeds: dict[str, Any], failure: str) -> list[str]:
+    """One ``run()`` of the test run on given inputs: no errors, or ``failure`` with ONNX Runtime's first line."""
+    try:
+        session.run(None, feeds)
+    except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
+        _reraise_if_out_of_memory(exc)
+        return [f"{failure}: {_first_line(exc)}"]
+    return []
+
+
 def _tensor_spec(value_info: onnx.ValueInfoProto) -> dict[str, Any] | None:
     kind = value_info.type.WhichOneof("value")
     if kind != "tensor_type":
@@ -436,20 +446,12 @@ def _run_once(
         except SampleInputsError as exc:
             return [f"{SAMPLE_INPUTS}: {exc}"]
         on_step(f"running the model once in ONNX Runtime on {SAMPLE_INPUTS}")
-        try:
-            session.run(None, feeds)
-        except Exception as exc:  # noqa: BLE001
-            _reraise_if_out_of_memory(exc)
-            return [f"ONNX Runtime could not run the model on {SAMPLE_INPUTS}: {_first_line(exc)}"]
-        return []
+        return _run_on(session, feeds, f"ONNX Runtime could not run the model on {SAMPLE_INPUTS}")
     if text_feeds is not None:
         on_step(f"running the model once in ONNX Runtime on text through {TOKENIZER_FILE}")
-        try:
-            session.run(None, text_feeds)
-        except Exception as exc:  # noqa: BLE001
-            _reraise_if_out_of_memory(exc)
-            return [f"ONNX Runtime could not run the model on text tokenised by {TOKENIZER_FILE}: {_first_line(exc)}"]
-        return []
+        return _run_on(
+            session, text_feeds, f"ONNX Runtime could not run the model on text tokenised by {TOKENIZER_FILE}"
+        )
     needed, largest = synthetic_input_bytes(session)
     if memory_limit_bytes is not None and needed > memory_limit_bytes:
         # Refused before numpy tries: a fixed shape such as [2**40, 2**40] would need exabytes.
