@@ -115,7 +115,8 @@ async def read_body(request: Request, limit: BodyLimit) -> bytearray:
     idle = settings.BODY_IDLE_TIMEOUT_SECONDS
     while True:
         try:
-            message = await asyncio.wait_for(request.receive(), idle)
+            async with asyncio.timeout(idle):  # a timer, not the task that wait_for would make for each read
+                message = await request.receive()
         except TimeoutError:
             raise BodyTimeout(
                 f"no request body bytes arrived for {idle:g} s (MODELYARD_BODY_IDLE_TIMEOUT_SECONDS)"

@@ -24,12 +24,12 @@ closed with its version, from whichever thread releases that.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import heapq
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -100,7 +100,7 @@ class Batcher:
         self._alone = False  # a lone batch runs on ``run`` and nothing starts beside it
         self._freed = asyncio.Event()  # a batch finished: the runner may start the next
         # Threads start only when no idle one is left, so there are as many as batches ever ran at once.
-        self._executor = ThreadPoolExecutor(max_workers=MAX_INSTANCES, thread_name_prefix="ort-run")
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=MAX_INSTANCES, thread_name_prefix="ort-run")
         self._runner: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first request
         self._closed = False
@@ -276,13 +276,29 @@ class Batcher:
         return batch
 
     def _dispatch(self, batch: list[_Item], lane: int | None, run: Callable[[Arrays], Arrays]) -> None:
-        """Run ``batch`` on a worker thread; its requests' futures get their outputs when it is done."""
-        assert self._loop is not None
-        done = self._loop.run_in_executor(self._executor, self._run_batch, batch, run)
-        done.add_done_callback(functools.partial(self._batch_done, batch, lane, run))
+        """Run ``batch`` on a worker thread; its requests' futures get their outputs when it is done.
+
+        The worker thread hands the finished run straight to the loop (one ``call_soon_threadsafe``),
+        without the asyncio future that ``run_in_executor`` would chain to it.
+        """
+        loop = self._loop
+        assert loop is not None
+        finish = functools.partial(self._batch_done, batch, lane, run)
+
+        def handed_back(done: concurrent.futures.Future[list[Arrays]]) -> None:
+            try:
+                loop.call_soon_threadsafe(finish, done)
+            except RuntimeError:  # the loop closed meanwhile: nobody waits for these requests any more
+                pass
+
+        self._executor.submit(self._run_batch, batch, run).add_done_callback(handed_back)
 
     def _batch_done(
-        self, batch: list[_Item], lane: int | None, run: Callable[[Arrays], Arrays], done: asyncio.Future[list[Arrays]]
+        self,
+        batch: list[_Item],
+        lane: int | None,
+        run: Callable[[Arrays], Arrays],
+        done: concurrent.futures.Future[list[Arrays]],
     ) -> None:
         if done.cancelled():  # the loop is shutting down: nothing will wait for these
             for item in batch:

@@ -363,10 +363,14 @@ class DataPlane:
         except Overloaded as exc:
             _discard(client_gone)
             raise Overloaded(f"model '{loaded.spec.model}' is overloaded: {exc}") from None
-        loaded.metrics.queue_depth(loaded.batcher.queued)
+        queued = loaded.batcher.queued
+        loaded.metrics.queue_depth(queued)
         loaded.traffic.watch(future)  # requests/s, latency and errors for the fleet page
         try:
-            if client_gone is None:
+            if client_gone is None or not queued:
+                # Nothing waits: the request started at once (or there is nothing to watch). A batch that
+                # runs is not stopped when its client leaves, so watching for that would only cost time.
+                _discard(client_gone)
                 return await future
             # The client going away cancels the request (the batcher drops it before it runs).
             disconnect: asyncio.Future[Any] = asyncio.ensure_future(client_gone)

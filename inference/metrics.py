@@ -15,6 +15,7 @@ increment and one histogram observation.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any, Protocol
 
@@ -73,7 +74,7 @@ LOAD_FAILURES = Gauge(
 class VersionMetrics:
     """The label children of one loaded version, made once so the request path does no label lookup."""
 
-    __slots__ = ("_requests", "batch", "latency", "model", "queue", "version")
+    __slots__ = ("_lock", "_queued", "_requests", "batch", "latency", "model", "queue", "version")
 
     def __init__(self, model: str, version: str) -> None:
         self.model = model
@@ -81,6 +82,10 @@ class VersionMetrics:
         self.latency = LATENCY.labels(model, version)
         self.batch = BATCH_SIZE.labels(model, version)
         self.queue = QUEUE_DEPTH.labels(model, version) if version else None
+        # The depth last set, so the gauge is written only when it changes. Both are set under the lock:
+        # the loop thread and the batcher's threads set the depth.
+        self._queued = -1
+        self._lock = threading.Lock()
         self._requests: dict[int, Any] = {}
 
     def answered(self, status: int, seconds: float) -> None:
@@ -97,8 +102,12 @@ class VersionMetrics:
         self.queue_depth(queued)
 
     def queue_depth(self, queued: int) -> None:
-        if self.queue is not None:
-            self.queue.set(queued)
+        if self.queue is None:
+            return
+        with self._lock:
+            if queued != self._queued:
+                self._queued = queued
+                self.queue.set(queued)
 
     def retire(self) -> None:
         """The version is unloaded: nothing waits in its queue any more.
@@ -107,7 +116,7 @@ class VersionMetrics:
         to 0 before the child is dropped, or the sum would keep the last depth.
         """
         if self.queue is not None:
-            self.queue.set(0)
+            self.queue_depth(0)
             try:
                 QUEUE_DEPTH.remove(self.model, self.version)
             except KeyError:

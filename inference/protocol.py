@@ -546,9 +546,18 @@ def decode_raw_request(body: bytes | bytearray, signature: dict[str, Any]) -> In
 
 
 def output_datatype(array: np.ndarray) -> str:
-    if array.dtype == np.object_ or array.dtype.kind in "SU":
-        return "BYTES"
-    return PROTOCOL_OF.get(array.dtype.str, PROTOCOL_OF.get(array.dtype.newbyteorder("<").str, str(array.dtype)))
+    """The protocol's datatype of an output array (numpy's name for a dtype the protocol has no name for)."""
+    dtype = array.dtype
+    datatype = _DATATYPE_OF_DTYPE.get(dtype)
+    if datatype is None:
+        if dtype.kind in "OSU":  # strings: not remembered, as every length is a dtype of its own
+            return "BYTES"
+        datatype = PROTOCOL_OF.get(dtype.str) or PROTOCOL_OF.get(dtype.newbyteorder("<").str) or str(dtype)
+        _DATATYPE_OF_DTYPE[dtype] = datatype
+    return datatype
+
+
+_DATATYPE_OF_DTYPE: dict[np.dtype[Any], str] = {}  # output_datatype's answers for the few numeric dtypes
 
 
 def _binary_view(array: np.ndarray, datatype: str) -> bytes | memoryview:

@@ -84,6 +84,8 @@ def _serve(args: argparse.Namespace) -> int:
         # (registry.clients.client_address). uvicorn's own handling would believe any X-Forwarded-For
         # sent from 127.0.0.1 and hide the real peer, which that decision needs.
         proxy_headers=False,
+        # uvicorn formats each access line's fields before its logger drops them: below INFO, skip that.
+        access_log=args.log_level.lower() in ("info", "debug", "trace"),
         lifespan="on",
     )
     return 0

@@ -185,3 +185,31 @@ def test_cancelled_requests_do_not_fill_the_queue():
         return result
 
     np.testing.assert_array_equal(asyncio.run(main())["y"], np.full((1, 2), 5, np.float32))
+
+
+def test_a_run_that_ends_after_its_loop_closed_is_dropped_quietly(caplog):
+    """The worker thread hands a finished run to the loop; a closed loop leaves nobody to hand it to."""
+    gate, finished = threading.Event(), threading.Event()
+
+    def run(feeds):
+        gate.wait(5)
+        return {"y": feeds["x"]}
+
+    loop = asyncio.new_event_loop()
+    batcher = Batcher(run, batching=False, max_batch_size=1, max_queue_delay_us=0, max_queue_size=2)
+
+    async def start():
+        future = batcher.submit({"x": np.zeros((1, 2), np.float32)})
+        future.add_done_callback(lambda _: finished.set())
+        await asyncio.sleep(0.05)  # the run has started on its worker thread
+        return future
+
+    with caplog.at_level("DEBUG", logger="concurrent.futures"):
+        future = loop.run_until_complete(start())
+        batcher.close()  # as the server's shutdown does; the run in flight goes on
+        loop.run_until_complete(asyncio.sleep(0))
+        loop.close()
+        gate.set()
+        batcher._executor.shutdown(wait=True)  # the run and its hand-back are over
+    assert not future.done() and not finished.is_set()
+    assert caplog.records == []  # "exception calling callback" would be logged here

@@ -400,6 +400,22 @@ def test_a_request_whose_client_went_away_is_dropped_before_it_runs(plane, run, 
     assert loaded.inflight == 0
 
 
+def test_a_request_that_starts_at_once_does_not_watch_for_its_client(plane, run):
+    """Nothing in flight: the request runs at once, and a running batch is not stopped when its client leaves."""
+    loaded = plane.resolve("demo")
+    started = []
+
+    async def watcher() -> None:
+        started.append(True)
+        await asyncio.Event().wait()
+
+    gone = watcher()
+    result = run(plane.infer("demo", None, request_for(loaded, sample(1, 4)), client_gone=gone))
+    np.testing.assert_array_equal(result.outputs["y"], sample(1, 4) + np.float32(1.0))
+    assert started == [] and gone.cr_frame is None  # never started, and closed
+    assert loaded.inflight == 0
+
+
 def test_an_unused_client_gone_awaitable_is_closed(plane, run):
     """A request refused before it runs leaves no never-awaited coroutine behind."""
     loaded = plane.resolve("demo")

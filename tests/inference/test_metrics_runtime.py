@@ -54,3 +54,21 @@ def test_a_version_failing_to_load_is_counted_until_it_is_no_longer_wanted(owner
     reconcile_until(runtime, lambda: serving(runtime) == 2, what="v2 not served")
     assert scraped("modelyard_model_load_failures", model="demo", version="1") == 0
     assert scraped("modelyard_model_load_failures", model="demo", version="2") == 0
+
+
+def test_the_queue_depth_gauge_is_written_only_when_it_changes(monkeypatch):
+    """Each request reports its version's queue depth; in multiprocess mode a write is a file write."""
+    from inference.metrics import VersionMetrics
+
+    counted = VersionMetrics("demo-depth", "1")
+    writes: list[float] = []
+    write = counted.queue.set
+    monkeypatch.setattr(counted.queue, "set", lambda value: (writes.append(value), write(value)))
+    for depth in (0, 0, 0, 3, 3, 1, 0, 0):
+        counted.queue_depth(depth)
+    assert writes == [0, 3, 1, 0]
+    assert scraped("modelyard_queue_depth", model="demo-depth", version="1") == 0
+    counted.queue_depth(2)
+    assert scraped("modelyard_queue_depth", model="demo-depth", version="1") == 2
+    counted.retire()  # back to 0, then the series is gone
+    assert writes == [0, 3, 1, 0, 2, 0]
