@@ -65,7 +65,7 @@ bench-install: install
 # The serving goals, three rounds: served/raw batch-32 and served/naive at 64 clients, single-client p50
 # overhead; MiniLM with instances 2 (two CPU lanes).
 bench-serve: bench-install
-	$(BIN)/python bench/serve.py --clients 1,64 --rounds 3 --instances 2
+	$(BIN)/python bench/serve.py --clients 1,64 --rounds 3 --instances 2 --max-batch-size 16
 
 clean:
 	rm -rf $(VENV) .modelyard .pytest_cache .mypy_cache .ruff_cache

@@ -37,7 +37,7 @@ round prints its ratios, and the goals are judged on each ratio's median over th
 single-client overhead is judged on paired blocks (:func:`paired_single_client`): raw ``run()`` and
 requests in turn, a few dozen of each per block, ten blocks a round:
 
-    .venv/bin/python bench/serve.py --clients 1,64 --rounds 3 --instances 2
+    .venv/bin/python bench/serve.py --clients 1,64 --rounds 3 --instances 2 --max-batch-size 16
 """
 
 from __future__ import annotations

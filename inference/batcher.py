@@ -306,18 +306,20 @@ class Batcher:
             self._slot_done(lane)
             return
         error = done.exception()
-        if error is None:
-            for item, result in zip(batch, done.result(), strict=True):
-                if not item.future.done():
-                    item.future.set_result(result)
-        elif len(batch) > 1:
+        if error is not None and len(batch) > 1:
             # One request's data may have failed the merged run: run each alone so only it fails.
             assert self._loop is not None
             self._loop.create_task(self._execute_each(batch, lane, run))
             return  # the lane is freed when they are done
+        # The lane is freed first: the runner, waiting for it, is then the first task to wake, so the next
+        # batch is on its way before these requests' answers are encoded (the lane does not idle meanwhile).
+        self._slot_done(lane)
+        if error is None:
+            for item, result in zip(batch, done.result(), strict=True):
+                if not item.future.done():
+                    item.future.set_result(result)
         elif not batch[0].future.done():
             batch[0].future.set_exception(error)
-        self._slot_done(lane)
 
     async def _execute_each(self, batch: list[_Item], lane: int | None, run: Callable[[Arrays], Arrays]) -> None:
         try:

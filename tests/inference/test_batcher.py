@@ -213,3 +213,26 @@ def test_a_run_that_ends_after_its_loop_closed_is_dropped_quietly(caplog):
         batcher._executor.shutdown(wait=True)  # the run and its hand-back are over
     assert not future.done() and not finished.is_set()
     assert caplog.records == []  # "exception calling callback" would be logged here
+
+
+def test_a_freed_instance_takes_the_next_batch_before_the_answers_of_the_last_are_handed_out():
+    """The runner wakes first when a batch ends, so the instance does not idle while answers are encoded."""
+    gate = threading.Event()
+
+    def run(feeds):
+        gate.wait(5)
+        return {"y": feeds["x"] + 1}
+
+    async def main():
+        batcher = Batcher(run, batching=True, max_batch_size=8, max_queue_delay_us=0, max_queue_size=10)
+        first = batcher.submit({"x": np.zeros((1, 2), np.float32)})
+        await asyncio.sleep(0.05)  # running
+        waiting = [batcher.submit({"x": np.full((1, 2), i, np.float32)}) for i in range(3)]
+        seen: list[int] = []
+        first.add_done_callback(lambda _: seen.append(batcher.queued))
+        gate.set()
+        await asyncio.gather(first, *waiting)
+        batcher.close()
+        return seen
+
+    assert asyncio.run(main()) == [0]  # the three waiting requests had left the queue for their run
