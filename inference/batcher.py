@@ -300,7 +300,7 @@ class Batcher:
         run: Callable[[Arrays], Arrays],
         done: concurrent.futures.Future[list[Arrays]],
     ) -> None:
-        if done.cancelled():  # the loop is shutting down: nothing will wait for these
+        if done.cancelled():  # the work never ran (its executor was shut down first): nothing will come
             for item in batch:
                 item.future.cancel()
             self._slot_done(lane)
