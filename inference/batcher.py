@@ -209,11 +209,11 @@ class Batcher:
         if not lanes or (self._running == 1 and not self._queue):
             self._alone = bool(lanes)
             return None, self._run
-        free = [i for i in range(len(lanes)) if i not in self._busy_lanes]
-        if not free:
+        free = next((i for i in range(len(lanes)) if i not in self._busy_lanes), None)
+        if free is None:
             return None, self._run
-        self._busy_lanes.add(free[0])
-        return free[0], lanes[free[0]]
+        self._busy_lanes.add(free)
+        return free, lanes[free]
 
     def _slot_done(self, lane: int | None) -> None:
         self._running -= 1

@@ -597,9 +597,10 @@ _ORJSON_NUMPY = frozenset(
 )
 
 
-def _json_data(array: np.ndarray) -> list[Any] | np.ndarray:
+def _json_data(array: np.ndarray, datatype: str) -> list[Any] | np.ndarray:
+    """An output's ``data`` for JSON, given its :func:`output_datatype`."""
     flat = array.reshape(-1)
-    if output_datatype(array) == "BYTES":
+    if datatype == "BYTES":
         return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in flat]
     if flat.dtype.str in _ORJSON_NUMPY and (flat.dtype.kind != "f" or np.isfinite(flat).all()):
         return np.ascontiguousarray(flat)  # orjson writes it; floats in their shortest form for their width
@@ -624,7 +625,7 @@ def encode_response(
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:
-            entry["data"] = _json_data(array)
+            entry["data"] = _json_data(array, entry["datatype"])
         outputs.append(entry)
     body: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": outputs}
     if request.id is not None:

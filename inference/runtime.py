@@ -152,8 +152,9 @@ class LoadedVersion:
         not have; that batch runs on the version's session instead (the same outputs).
         """
         lanes = self.lane_sessions
-        session = lanes[index] if index < len(lanes) else self.session
-        return dict(zip(self.output_names, session.run(None, feeds), strict=True))
+        if index >= len(lanes):
+            return self._run_all(feeds)
+        return dict(zip(self.output_names, lanes[index].run(None, feeds), strict=True))
 
     def _lane_runs(self) -> list[Callable[[dict[str, Any]], dict[str, Any]]]:
         return [functools.partial(self._run_lane, index) for index in range(len(self.lane_sessions))]
