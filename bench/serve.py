@@ -5,8 +5,10 @@
 
 What it measures, all on 127.0.0.1:
 
-1. raw ONNX Runtime in this process: sequential batch-1 ``run()`` (seq/s, p50/p99 latency), and
-   batch-32 (seq/s, the ceiling of one session);
+1. raw ONNX Runtime in this process: sequential batch-1 ``run()`` (seq/s, p50/p99 latency),
+   batch-32 (seq/s, the ceiling of one session), and the no-server ceiling (:func:`raw_ceiling`:
+   the model's instances side by side at its ``max_batch_size``, as Modelyard's lanes run it, with
+   nothing parsed or answered; no server of this model passes it on this machine);
 2. Modelyard: a real ``modelyard serve --role inference`` process on SQLite (or ``--database-url``),
    with the model registered, validated and promoted to ``production`` through the services, and
    requests with binary tensors (and, for comparison, JSON tensors), then the same requests over gRPC
@@ -28,7 +30,9 @@ It prints a table and writes bench/results/serve.json. Targets (the serving goal
 on Modelyard with JSON tensors (``--tensors binary`` judges binary tensors instead): at the most
 clients (64), at least 0.80x raw ORT batch-32 and 1.5x the naive server, with zero errors; with one
 client, a p50 latency within 1 ms of raw batch-1 ``run()``; gRPC at least as many requests per
-second as HTTP with binary tensors, with zero errors.
+second as HTTP with binary tensors, with zero errors. Each round also says what share of the no-server
+ceiling Modelyard served, and what share 1.5x the naive server would be: above 100%, that goal is out of
+reach on this machine (it is still judged, and missed).
 
 The servers start once and stay up (idle while another is measured). ``--rounds N`` measures raw
 ORT and then every series N times in turn, the series' order reversed every other round, so that
@@ -181,6 +185,55 @@ def raw_ort(session: Any, duration: float) -> dict[str, Any]:
         runs += 1
     batch32 = {"seq_per_s": runs * 32 / spent, "ms_per_batch": spent / runs * 1000, "runs": runs}
     return {"batch1": batch1, "batch32": batch32, "providers": session.get_providers()}
+
+
+def raw_ceiling(model_path: Path, instances: int, batch: int, duration: float) -> dict[str, Any]:
+    """The most this CPU runs the model with no server at all, in the shape Modelyard serves it.
+
+    ``instances`` sessions side by side, each with its share of the cores (one thread each on two
+    cores with two instances, as Modelyard's CPU lanes), each run back to back in its own thread on
+    ``batch`` sequences at a time. No request is parsed, queued or answered, so no server of this
+    model on this machine can pass it: a goal above it cannot be met here.
+    """
+    import onnxruntime as ort
+
+    cores = len(os.sched_getaffinity(0))
+    threads = max(1, cores // instances)
+    sessions = []
+    for _ in range(instances):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        sessions.append(ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"]))
+    inputs = feeds(batch)
+    for session in sessions:
+        for _ in range(3):
+            session.run(None, inputs)
+    runs = [0] * instances
+    start_line = threading.Barrier(instances + 1)
+    end = 0.0
+
+    def lane(index: int) -> None:
+        start_line.wait()
+        while time.perf_counter() < end:
+            sessions[index].run(None, inputs)
+            runs[index] += 1
+
+    workers = [threading.Thread(target=lane, args=(index,)) for index in range(instances)]
+    for worker in workers:
+        worker.start()
+    started = time.perf_counter()
+    end = started + duration
+    start_line.wait()
+    for worker in workers:
+        worker.join()
+    elapsed = time.perf_counter() - started
+    return {
+        "seq_per_s": sum(runs) * batch / elapsed,
+        "instances": instances,
+        "threads_per_session": threads,
+        "batch": batch,
+        "runs_per_session": runs,
+    }
 
 
 class KeepAliveClient:
@@ -790,8 +843,12 @@ def main() -> int:
     print()
     for number, report in enumerate(reports, 1):
         print(f"round {number}: {ratios_line(report['targets'])}")
+        if line := ceiling_line(report["targets"]):
+            print(f"         {line}")
     if len(reports) > 1:
         print(f"median of {len(reports)} rounds: {ratios_line(final['median'])}")
+        if line := ceiling_line(final["median"]):
+            print(f"         {line}")
     print(f"\nwrote {RESULTS.relative_to(ROOT)}")
     return 0 if final["median"]["met"] else 1
 
@@ -839,6 +896,12 @@ def run_rounds(args: argparse.Namespace, clients: list[int], model_settings: dic
                     print(f"\n=== round {number} of {args.rounds} ===", flush=True)
                 print(f"MiniLM-L6, seq {SEQ}, batch-1 requests; load from {generators}; {os.cpu_count()} CPUs")
                 raw = raw_ort(session, args.duration)
+                raw["ceiling"] = ceiling = raw_ceiling(
+                    MODEL_PATH,
+                    model_settings.get("instances", 1),
+                    model_settings.get("max_batch_size", 32),
+                    args.duration,
+                )
                 b1, b32 = raw["batch1"], raw["batch32"]
                 print("raw ONNX Runtime, in-process:")
                 print(
@@ -846,6 +909,7 @@ def run_rounds(args: argparse.Namespace, clients: list[int], model_settings: dic
                     f"p99 {b1['p99_ms']:.2f} ms"
                 )
                 print(f"  batch-32:           {b32['seq_per_s']:.1f} seq/s ({b32['ms_per_batch']:.1f} ms per batch)")
+                print(f"  no-server ceiling:  {ceiling['seq_per_s']:.1f} seq/s ({ceiling_shape(ceiling)})")
                 print("servers (Modelyard: modelyard serve --role inference; naive: FastAPI, no batching):", flush=True)
                 servers: dict[str, dict[int, dict[str, Any]]] = {each.name: {} for each in series}
                 for count in clients:
@@ -928,6 +992,7 @@ def summarise(
 ) -> dict[str, Any]:
     """Every series' ratios, and the goals' ratios; the single-client overhead from ``paired`` when given."""
     b1, b32 = raw["batch1"]["seq_per_s"], raw["batch32"]["seq_per_s"]
+    ceiling = raw["ceiling"]["seq_per_s"] if "ceiling" in raw else None
     table: dict[str, Any] = {}
     for name, runs in servers.items():
         table[name] = {}
@@ -935,6 +1000,8 @@ def summarise(
             row = dict(r)
             row["vs_raw_batch1"] = r["req_per_s"] / b1
             row["vs_raw_batch32"] = r["req_per_s"] / b32
+            if ceiling:
+                row["vs_ceiling"] = r["req_per_s"] / ceiling
             if name != "naive" and "naive" in servers:
                 row["vs_naive"] = r["req_per_s"] / servers["naive"][count]["req_per_s"]
             if name == "modelyard-grpc":
@@ -951,6 +1018,10 @@ def summarise(
         "vs_naive": ours.get("vs_naive"),
         "errors": sum(r["errors"] for runs in table.values() for r in runs.values()),
     }
+    if ceiling:
+        targets["vs_ceiling"] = ours["vs_ceiling"]
+        if "naive" in table:
+            targets["naive_goal_vs_ceiling"] = TARGET_VS_NAIVE * table["naive"][top]["req_per_s"] / ceiling
     if paired is not None:
         targets["p50_overhead_ms"] = paired["overhead_ms"]
     elif single is not None:
@@ -961,7 +1032,7 @@ def summarise(
         targets["grpc_errors"] = grpc["errors"]
     targets["met"] = judge(targets)
     report: dict[str, Any] = {
-        "raw_ort": {"batch1": raw["batch1"], "batch32": raw["batch32"]},
+        "raw_ort": {k: raw[k] for k in ("batch1", "batch32", "ceiling") if k in raw},
         "servers": table,
         "targets": targets,
     }
@@ -995,7 +1066,14 @@ def median_targets(reports: list[dict[str, Any]]) -> dict[str, Any]:
     """Each ratio's median over the rounds, errors summed, judged like one round."""
     rounds = [r["targets"] for r in reports]
     t: dict[str, Any] = {"series": rounds[0]["series"], "clients": rounds[0]["clients"]}
-    for key in ("vs_raw_batch32", "vs_naive", "p50_overhead_ms", "grpc_vs_http_binary"):
+    for key in (
+        "vs_raw_batch32",
+        "vs_naive",
+        "p50_overhead_ms",
+        "grpc_vs_http_binary",
+        "vs_ceiling",
+        "naive_goal_vs_ceiling",
+    ):
         values = [r[key] for r in rounds if r.get(key) is not None]
         if values:
             t[key] = float(np.median(values))
@@ -1018,6 +1096,32 @@ def ratios_line(t: dict[str, Any]) -> str:
     )
 
 
+def ceiling_shape(ceiling: dict[str, Any]) -> str:
+    sessions = "session" if ceiling["instances"] == 1 else "sessions"
+    threads = "thread" if ceiling["threads_per_session"] == 1 else "threads"
+    return (
+        f"{ceiling['instances']} {sessions} x {ceiling['threads_per_session']} {threads}, "
+        f"batch {ceiling['batch']}, in-process"
+    )
+
+
+def ceiling_line(t: dict[str, Any]) -> str | None:
+    """How the judged series and the naive goal compare with the no-server ceiling; None when not measured.
+
+    The naive goal is a multiple of another server's throughput, so it asks more of a machine on
+    which that server does well. Above the ceiling (1.00x), no server can meet it on this machine.
+    """
+    if "vs_ceiling" not in t:
+        return None
+    line = f"{t['series']} served {t['vs_ceiling']:.0%} of the no-server ceiling"
+    if t.get("naive_goal_vs_ceiling") is not None:
+        share = t["naive_goal_vs_ceiling"]
+        line += f"; {TARGET_VS_NAIVE}x the naive server would be {share:.0%} of it"
+        if share > 1:
+            line += ", out of reach on this machine"
+    return line
+
+
 def print_table(report: dict[str, Any], clients: list[int]) -> None:
     raw = report["raw_ort"]
     print("\n| what | clients | req/s | p50 ms | p99 ms | vs raw b1 | vs raw b32 | vs naive | errors |")
@@ -1027,6 +1131,12 @@ def print_table(report: dict[str, Any], clients: list[int]) -> None:
         f"{raw['batch1']['p99_ms']:.2f} | 1.00 | {raw['batch1']['seq_per_s'] / raw['batch32']['seq_per_s']:.2f} | | |"
     )
     print(f"| raw ORT batch-32 (in-process) | | {raw['batch32']['seq_per_s']:.1f} | | | | 1.00 | | |")
+    if "ceiling" in raw:
+        c = raw["ceiling"]["seq_per_s"]
+        print(
+            f"| no-server ceiling ({ceiling_shape(raw['ceiling'])}) | | {c:.1f} | | | "
+            f"{c / raw['batch1']['seq_per_s']:.2f} | {c / raw['batch32']['seq_per_s']:.2f} | | |"
+        )
     for name, runs in report["servers"].items():
         for count in clients:
             r = runs[count]
@@ -1064,6 +1174,8 @@ def print_table(report: dict[str, Any], clients: list[int]) -> None:
         print(f"  {name:<15} event loop {loop}, other threads (ORT) {ort}, load {cpu['load_generator_cpu_s']:.2f} s")
     t = report["targets"]
     print(f"target: {ratios_line(t)}")
+    if line := ceiling_line(t):
+        print(f"ceiling: {line}")
     if "grpc_vs_http_binary" in t:
         grpc = report["servers"]["modelyard-grpc"]
         http = report["servers"]["modelyard"]
