@@ -24,10 +24,12 @@ closed with its version, from whichever thread releases that.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import functools
 import heapq
 import itertools
+import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +41,8 @@ from inference.errors import Overloaded, RequestTimeout
 from inference.statistics import VersionStats
 
 __all__ = ["Batcher", "Overloaded", "RequestTimeout", "batch_key"]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PRIORITY = 10
 MAX_INSTANCES = 16  # the registry's bound on a model's ``instances``; the worker threads are made as needed
@@ -55,6 +59,78 @@ class _Item:
     enqueued: float = field(compare=False)
     enqueued_ns: int = field(compare=False)
     deadline: float | None = field(compare=False)
+
+
+class _Outcome:
+    """A finished run: its result (one outputs dict per request), or the exception it raised."""
+
+    __slots__ = ("error", "result")
+
+    def __init__(self, result: list[Arrays], error: BaseException | None = None) -> None:
+        self.result = result
+        self.error = error
+
+
+class _RunThreads:
+    """The batcher's worker threads: each takes a run from one queue, runs it, and hands the outcome back.
+
+    ``concurrent.futures.ThreadPoolExecutor`` made a future, a condition and a work item for every
+    run, and its thread went on running Python after waking the event loop, which then waited for
+    the GIL. Here a thread hands back (the caller's ``then``, one ``call_soon_threadsafe``) as its
+    last step and goes straight back to the queue, where it lets the GIL go (measured in the README,
+    "Measured"). A thread starts when a run is submitted and every thread started is busy, so there
+    are as many as runs ever ran at once. After :meth:`shutdown`, the runs already queued still run,
+    and then the threads end.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._work: queue.SimpleQueue[
+            tuple[Callable[..., list[Arrays]], tuple[Any, ...], Callable[[_Outcome], None]] | None
+        ] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._busy = 0  # runs submitted and not yet handed back
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, fn: Callable[..., list[Arrays]], args: tuple[Any, ...], then: Callable[[_Outcome], None]) -> None:
+        """Run ``fn(*args)`` on a worker thread, then call ``then`` with its outcome, on that thread."""
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the batcher's threads were shut down")
+            self._busy += 1
+            if self._busy > len(self._threads):
+                thread = threading.Thread(target=self._serve, name=f"{self._name}_{len(self._threads)}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        self._work.put((fn, args, then))
+
+    def _serve(self) -> None:
+        work = self._work
+        while (job := work.get()) is not None:
+            fn, args, then = job
+            try:
+                outcome = _Outcome(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, as a future would hold it
+                outcome = _Outcome([], exc)
+            with self._lock:
+                self._busy -= 1
+            try:
+                then(outcome)
+            except Exception:  # a broken hand-back must not end the thread that the next runs wait for
+                log.exception("handing back a run failed")
+            del job, fn, args, then, outcome  # nothing of this run is kept while the thread waits
+
+    def shutdown(self, *, wait: bool = False) -> None:
+        """End every thread once the runs already queued are done; ``wait`` for them to end."""
+        with self._lock:
+            self._closed = True
+            threads = list(self._threads)
+        for _ in threads:
+            self._work.put(None)
+        if wait:
+            for thread in threads:
+                thread.join()
 
 
 def batch_key(feeds: Arrays) -> tuple[Any, ...]:
@@ -99,8 +175,7 @@ class Batcher:
         self._busy_lanes: set[int] = set()
         self._alone = False  # a lone batch runs on ``run`` and nothing starts beside it
         self._freed = asyncio.Event()  # a batch finished: the runner may start the next
-        # Threads start only when no idle one is left, so there are as many as batches ever ran at once.
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=MAX_INSTANCES, thread_name_prefix="ort-run")
+        self._threads = _RunThreads("ort-run")
         self._runner: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the first request
         self._closed = False
@@ -281,31 +356,30 @@ class Batcher:
         The worker thread hands the finished run straight to the loop (one ``call_soon_threadsafe``),
         without the asyncio future that ``run_in_executor`` would chain to it.
         """
+        self._threads.submit(self._run_batch, (batch, run), self._hand_back(self._batch_done, batch, lane, run))
+
+    def _hand_back(self, finish: Callable[..., None], *args: Any) -> Callable[[_Outcome], None]:
+        """What a worker thread calls with a run's outcome: ``finish(*args, outcome)``, on the batcher's loop."""
         loop = self._loop
         assert loop is not None
-        finish = functools.partial(self._batch_done, batch, lane, run)
+        finish = functools.partial(finish, *args)
 
-        def handed_back(done: concurrent.futures.Future[list[Arrays]]) -> None:
+        def handed_back(outcome: _Outcome) -> None:
             try:
-                loop.call_soon_threadsafe(finish, done)
+                loop.call_soon_threadsafe(finish, outcome)
             except RuntimeError:  # the loop closed meanwhile: nobody waits for these requests any more
                 pass
 
-        self._executor.submit(self._run_batch, batch, run).add_done_callback(handed_back)
+        return handed_back
 
     def _batch_done(
         self,
         batch: list[_Item],
         lane: int | None,
         run: Callable[[Arrays], Arrays],
-        done: concurrent.futures.Future[list[Arrays]],
+        done: _Outcome,
     ) -> None:
-        if done.cancelled():  # the work never ran (its executor was shut down first): nothing will come
-            for item in batch:
-                item.future.cancel()
-            self._slot_done(lane)
-            return
-        error = done.exception()
+        error = done.error
         if error is not None and len(batch) > 1:
             # One request's data may have failed the merged run: run each alone so only it fails.
             assert self._loop is not None
@@ -315,7 +389,7 @@ class Batcher:
         # batch is on its way before these requests' answers are encoded (the lane does not idle meanwhile).
         self._slot_done(lane)
         if error is None:
-            for item, result in zip(batch, done.result(), strict=True):
+            for item, result in zip(batch, done.result, strict=True):
                 if not item.future.done():
                     item.future.set_result(result)
         elif not batch[0].future.done():
@@ -333,14 +407,20 @@ class Batcher:
     async def _execute_alone(
         self, loop: asyncio.AbstractEventLoop, item: _Item, run: Callable[[Arrays], Arrays]
     ) -> None:
-        try:
-            result = await loop.run_in_executor(self._executor, self._run_batch, [item], run)
-        except Exception as exc:  # noqa: BLE001 - this request's own error
-            if not item.future.done():
-                item.future.set_exception(exc)
+        ran: asyncio.Future[_Outcome] = loop.create_future()
+
+        def settle(outcome: _Outcome) -> None:
+            if not ran.done():  # not cancelled with the batcher's task
+                ran.set_result(outcome)
+
+        self._threads.submit(self._run_batch, ([item], run), self._hand_back(settle))
+        outcome = await ran
+        if item.future.done():
             return
-        if not item.future.done():
-            item.future.set_result(result[0])
+        if outcome.error is None:
+            item.future.set_result(outcome.result[0])
+        else:
+            item.future.set_exception(outcome.error)  # this request's own error
 
     def _run_batch(self, batch: list[_Item], run: Callable[[Arrays], Arrays]) -> list[Arrays]:
         started = time.monotonic_ns()
@@ -408,6 +488,6 @@ class Batcher:
             return
         self._closed = True
         self._queue.clear()
-        self._executor.shutdown(wait=False)
+        self._threads.shutdown()
         if self._on_close is not None:
             self._on_close()

@@ -204,15 +204,15 @@ def test_a_run_that_ends_after_its_loop_closed_is_dropped_quietly(caplog):
         await asyncio.sleep(0.05)  # the run has started on its worker thread
         return future
 
-    with caplog.at_level("DEBUG", logger="concurrent.futures"):
+    with caplog.at_level("DEBUG", logger="inference.batcher"):
         future = loop.run_until_complete(start())
         batcher.close()  # as the server's shutdown does; the run in flight goes on
         loop.run_until_complete(asyncio.sleep(0))
         loop.close()
         gate.set()
-        batcher._executor.shutdown(wait=True)  # the run and its hand-back are over
+        batcher._threads.shutdown(wait=True)  # the run and its hand-back are over
     assert not future.done() and not finished.is_set()
-    assert caplog.records == []  # "exception calling callback" would be logged here
+    assert caplog.records == []  # "handing back a run failed" would be logged here
 
 
 def test_a_freed_instance_takes_the_next_batch_before_the_answers_of_the_last_are_handed_out():
