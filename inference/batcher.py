@@ -413,7 +413,12 @@ class Batcher:
             if not ran.done():  # not cancelled with the batcher's task
                 ran.set_result(outcome)
 
-        self._threads.submit(self._run_batch, ([item], run), self._hand_back(settle))
+        try:
+            self._threads.submit(self._run_batch, ([item], run), self._hand_back(settle))
+        except RuntimeError:  # the version was unloaded while its merged run failed: this one will not run
+            if not item.future.done():
+                item.future.set_exception(Overloaded("the model was unloaded"))
+            return
         outcome = await ran
         if item.future.done():
             return

@@ -163,6 +163,39 @@ def test_a_bad_request_fails_alone_not_its_whole_batch():
     assert str(bad) == "negative values are not allowed"
 
 
+def test_a_merged_run_that_fails_after_its_version_was_unloaded_answers_each_request_unloaded():
+    """Its requests would each run alone, but the batcher's threads have ended: none is left waiting."""
+    first_gate, merged_gate = threading.Event(), threading.Event()
+    rows: list[int] = []
+
+    def run(feeds):
+        rows.append(feeds["x"].shape[0])
+        if len(rows) == 1:
+            first_gate.wait(5)
+            return {"y": feeds["x"]}
+        merged_gate.wait(5)
+        raise ValueError("the merged run failed")
+
+    async def main():
+        # The first request runs alone at once; the next two wait, then run merged when it is done.
+        batcher = Batcher(run, batching=True, max_batch_size=8, max_queue_delay_us=0, max_queue_size=10)
+        first = batcher.submit({"x": np.zeros((1, 2), np.float32)})
+        await asyncio.sleep(0.05)
+        merged = [batcher.submit({"x": np.full((1, 2), i, np.float32)}) for i in range(2)]
+        first_gate.set()
+        await first
+        while len(rows) < 2:  # the merged run has started
+            await asyncio.sleep(0.01)
+        batcher.close()  # as the unload does, while the merged run is in flight
+        merged_gate.set()
+        return await asyncio.wait_for(asyncio.gather(*merged, return_exceptions=True), 5)
+
+    results = asyncio.run(main())
+    assert rows == [1, 2]
+    assert [type(r) for r in results] == [Overloaded, Overloaded]
+    assert [str(r) for r in results] == ["the model was unloaded"] * 2
+
+
 def test_cancelled_requests_do_not_fill_the_queue():
     gate = threading.Event()
 
