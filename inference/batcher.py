@@ -45,6 +45,7 @@ __all__ = ["Batcher", "Overloaded", "RequestTimeout", "batch_key"]
 log = logging.getLogger(__name__)
 
 DEFAULT_PRIORITY = 10
+UNLOADED = "the model was unloaded"  # what a request that will not run hears once its version is unloaded
 MAX_INSTANCES = 16  # the registry's bound on a model's ``instances``; the worker threads are made as needed
 Arrays = dict[str, np.ndarray]
 
@@ -231,7 +232,7 @@ class Batcher:
             if len(self._queue) + filling >= self.max_queue_size:
                 raise Overloaded(f"the queue is full ({self.max_queue_size} requests)")
         if self._closed:
-            raise Overloaded("the model was unloaded")
+            raise Overloaded(UNLOADED)
         loop = asyncio.get_running_loop()
         now_ns = time.monotonic_ns()
         now = now_ns / 1e9  # the same clock as time.monotonic()
@@ -399,8 +400,12 @@ class Batcher:
         try:
             loop = asyncio.get_running_loop()
             for item in batch:
-                if not item.future.done():
-                    await self._execute_alone(loop, item, run)
+                if item.future.done():
+                    continue
+                if self._closed:  # unloaded while the merged run failed: its threads take no more runs
+                    item.future.set_exception(Overloaded(UNLOADED))
+                    continue
+                await self._execute_alone(loop, item, run)
         finally:
             self._slot_done(lane)
 
@@ -413,12 +418,7 @@ class Batcher:
             if not ran.done():  # not cancelled with the batcher's task
                 ran.set_result(outcome)
 
-        try:
-            self._threads.submit(self._run_batch, ([item], run), self._hand_back(settle))
-        except RuntimeError:  # the version was unloaded while its merged run failed: this one will not run
-            if not item.future.done():
-                item.future.set_exception(Overloaded("the model was unloaded"))
-            return
+        self._threads.submit(self._run_batch, ([item], run), self._hand_back(settle))
         outcome = await ran
         if item.future.done():
             return
@@ -485,7 +485,7 @@ class Batcher:
             self._runner.cancel()
         for item in self._queue:
             if not item.future.done():
-                item.future.set_exception(Overloaded("the model was unloaded"))
+                item.future.set_exception(Overloaded(UNLOADED))
         self._finish()
 
     def _finish(self) -> None:
