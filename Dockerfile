@@ -4,7 +4,8 @@
 #   docker build -t modelyard:cpu .
 #   docker build -t modelyard:gpu --build-arg VARIANT=gpu .
 #
-# VARIANT=gpu installs the project's GPU extra (GPU_EXTRA, the name pyproject.toml gives it), which
+# Both variants install the locked versions (requirements/<variant>.txt, with hashes, from `make lock`),
+# then the project without dependencies. VARIANT=gpu's lock is pyproject.toml's GPU extra (GPU_EXTRA), which
 # brings ONNX Runtime with the CUDA execution provider; the NVIDIA driver comes from the host (the
 # NVIDIA container toolkit, or the device plugin on Kubernetes). Without a GPU the GPU image falls
 # back to the CPU provider, and /api/v1/fleet says so.
@@ -22,6 +23,7 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python -m venv /opt/modelyard
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY requirements ./requirements
 COPY modelyard ./modelyard
 COPY registry ./registry
 COPY storage ./storage
@@ -33,7 +35,8 @@ RUN case "$VARIANT" in \
         gpu) extra="$GPU_EXTRA" ;; \
         *) echo "VARIANT must be cpu or gpu, not '$VARIANT'" >&2; exit 1 ;; \
     esac \
-    && /opt/modelyard/bin/pip install --editable "/app${extra:+[$extra]}" \
+    && /opt/modelyard/bin/pip install --require-hashes -r "/app/requirements/${extra}.txt" \
+    && /opt/modelyard/bin/pip install --no-deps --editable /app \
     && /opt/modelyard/bin/python -m compileall -q /app/modelyard /app/registry /app/storage /app/inference
 
 FROM ${PYTHON_IMAGE}

@@ -6,23 +6,43 @@ BIN := $(VENV)/bin
 # until `make install ORT=cpu`. Both wheels write the same `onnxruntime` package, so only one is ever installed.
 ORT ?= $(if $(wildcard $(VENV)/.installed-gpu),gpu,cpu)
 GPU_CHECK_VENV := build/gpu-wheel-check
+LOCK := requirements
+TEST_DEPS := $(VENV)/.installed-test-deps
+UV_COMPILE := --universal --python-version 3.11 --generate-hashes --quiet --custom-compile-command 'make lock'
 
-.PHONY: install install-gpu run test lint typecheck services bench bench-install bench-serve check-gpu-wheel clean
+.PHONY: install install-gpu lock run test lint typecheck services bench bench-install bench-serve check-gpu-wheel clean
 
 install: $(VENV)/.installed-$(ORT)
 
 install-gpu:
 	$(MAKE) install ORT=gpu
 
-$(VENV)/.installed-%: pyproject.toml
+# The lock (requirements/*.txt, hashes for every file) is what gets installed; pyproject.toml only says
+# what the lock may choose. The project itself goes in editable, without dependencies of its own.
+$(VENV)/.installed-%: pyproject.toml $(LOCK)/%.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	@# switching wheels: the other one overwrote shared files, so remove both and install the one wanted afresh
 	if $(BIN)/pip show --quiet $(if $(filter gpu,$*),onnxruntime,onnxruntime-gpu) >/dev/null 2>&1; then \
 		$(BIN)/pip uninstall --quiet -y onnxruntime onnxruntime-gpu; fi
-	$(BIN)/pip install --quiet -e '.[$*,test]'
-	rm -f $(VENV)/.installed $(VENV)/.installed-*
+	$(BIN)/pip install --quiet --require-hashes -r $(LOCK)/$*.txt
+	$(BIN)/pip install --quiet --no-deps -e .
+	rm -f $(VENV)/.installed $(VENV)/.installed-* $(TEST_DEPS)
 	touch $@
+
+# What only the tests need (pytest, Playwright, moto, tritonclient, the linters), from its own lock.
+$(TEST_DEPS): $(VENV)/.installed-$(ORT) $(LOCK)/test.txt
+	$(BIN)/pip install --quiet --require-hashes -r $(LOCK)/test.txt
+	touch $@
+
+# Refresh the lock after changing pyproject.toml's dependencies (needs the package index). uv resolves for
+# every platform at once (--universal); the GPU, test and bench locks keep the CPU lock's versions.
+lock: $(VENV)/.installed-$(ORT)
+	$(BIN)/pip install --quiet uv
+	$(BIN)/uv pip compile pyproject.toml $(UV_COMPILE) --extra cpu -o $(LOCK)/cpu.txt
+	$(BIN)/uv pip compile pyproject.toml $(UV_COMPILE) --extra gpu -c $(LOCK)/cpu.txt -o $(LOCK)/gpu.txt
+	$(BIN)/uv pip compile pyproject.toml $(UV_COMPILE) --extra test -c $(LOCK)/cpu.txt -o $(LOCK)/test.txt
+	$(BIN)/uv pip compile pyproject.toml $(UV_COMPILE) --extra bench -c $(LOCK)/cpu.txt -o $(LOCK)/bench.txt
 
 run: install
 	$(BIN)/modelyard serve
@@ -30,11 +50,11 @@ run: install
 services:
 	bash scripts/services.sh
 
-lint: install
+lint: $(TEST_DEPS)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: install
+typecheck: $(TEST_DEPS)
 	$(BIN)/mypy modelyard registry storage inference bench
 
 # The GPU variant in a fresh venv (no CUDA libraries, no GPU): exactly one ONNX Runtime, CUDA among its
@@ -43,23 +63,24 @@ typecheck: install
 check-gpu-wheel:
 	rm -rf $(GPU_CHECK_VENV)
 	$(PYTHON) -m venv $(GPU_CHECK_VENV)
-	$(GPU_CHECK_VENV)/bin/pip install --quiet '.[gpu]'
+	$(GPU_CHECK_VENV)/bin/pip install --quiet --require-hashes -r $(LOCK)/gpu.txt
+	$(GPU_CHECK_VENV)/bin/pip install --quiet --no-deps .
 	$(GPU_CHECK_VENV)/bin/python scripts/check_gpu_wheel.py
-	$(GPU_CHECK_VENV)/bin/pip install --quiet onnxruntime
+	$(GPU_CHECK_VENV)/bin/pip install --quiet --no-deps "$$(grep -o '^onnxruntime==[^ ]*' $(LOCK)/cpu.txt)"
 	$(GPU_CHECK_VENV)/bin/python scripts/check_gpu_wheel.py --expect-refusal
 	rm -rf $(GPU_CHECK_VENV)
 
-test: install services lint typecheck check-gpu-wheel
+test: $(TEST_DEPS) services lint typecheck
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/pytest
 	$(BIN)/pytest -m slow
 
-bench: install services
+bench: $(TEST_DEPS) services
 	$(BIN)/python bench/upload.py
 
 # bench/serve.py's extras: FastAPI for the naive baseline, py-spy to profile; wrk and h2load generate the load.
-bench-install: install
-	$(BIN)/pip install --quiet -e '.[$(ORT),bench]'
+bench-install: $(TEST_DEPS)
+	$(BIN)/pip install --quiet --require-hashes -r $(LOCK)/bench.txt
 	@command -v wrk >/dev/null && command -v h2load >/dev/null || echo "also: apt-get install -y wrk nghttp2-client"
 
 # The serving goals, three rounds: served/raw batch-32 and served/naive at 64 clients, single-client p50

@@ -3,7 +3,7 @@
 The only things this test chooses are what the tour itself reads from the environment: ``PORT``
 and ``MODELYARD_GRPC_PORT`` (free ones, so tours run side by side), and ``HOME``/``XDG_CONFIG_HOME``
 (so the profiles it saves land in a temporary
-folder). The folder holds what a fresh clone's tour touches (the Makefile, pyproject.toml and
+folder). The folder holds what a fresh clone's tour touches (the Makefile, pyproject.toml, the lock and
 scripts/), and the venv ``make install`` made, so that ``make install`` finds nothing to do.
 """
 
@@ -31,7 +31,7 @@ def quick_tour() -> str:
 def test_the_readme_quick_tour_runs_as_written(tmp_path):
     clone = tmp_path / "modelyard"
     clone.mkdir()
-    for name in ("Makefile", "pyproject.toml", "scripts", ".venv"):
+    for name in ("Makefile", "pyproject.toml", "requirements", "scripts", ".venv"):
         (clone / name).symlink_to(ROOT / name)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MODELYARD_", "DJANGO_"))}
     env.update(

@@ -54,6 +54,12 @@ def test_both_variants_install_extras_that_pyproject_defines():
     assert cpu in extras, f"CPU_EXTRA={cpu!r}: ONNX Runtime comes only from an extra, so the CPU image needs one"
     assert any(requirement.startswith("onnxruntime") for requirement in extras[cpu])
     assert arg_default("VARIANT") == "cpu"
+    # Each variant installs the lock of its extra, then the project without dependencies.
+    for extra in (cpu, gpu):
+        assert (ROOT / "requirements" / f"{extra}.txt").exists(), f"no lock for the {extra} variant: make lock"
+    [install] = [args for op, args in instructions() if op == "RUN" and "--require-hashes" in args]
+    assert '-r "/app/requirements/${extra}.txt"' in install
+    assert "pip install --no-deps --editable /app" in install
 
 
 def test_the_build_context_holds_everything_the_dockerfile_copies():
