@@ -8,10 +8,14 @@ code here; the user commands (login, push, promote, pull, infer, audit, ...) are
 from __future__ import annotations
 
 import argparse
+import copy
+import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
+from typing import Any
 
 
 def _setup() -> None:
@@ -60,6 +64,33 @@ def serve(args: argparse.Namespace) -> int:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+# A set-password link (/accounts/reset/<uid>/<token>/) is a credential until it is used. Django moves
+# the token into the session at once (the next address ends in set-password/), but uvicorn's access
+# log would keep the first request's path, token and all, in every log store it reaches.
+SET_PASSWORD_TOKEN = re.compile(r"(/accounts/reset/[^/?#\s]+/)(?!set-password/)[^/?#\s]+")
+
+
+class AccessLogRedaction(logging.Filter):
+    """Hides the token of a set-password link in uvicorn's access log lines (their path is one of the args)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                SET_PASSWORD_TOKEN.sub(r"\1[hidden]", arg) if isinstance(arg, str) else arg for arg in record.args
+            )
+        return True
+
+
+def log_config() -> dict[str, Any]:
+    """uvicorn's own logging set-up, with the access log's redaction (named, so worker processes import it)."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config.setdefault("filters", {})["redact"] = {"()": "modelyard.cli.AccessLogRedaction"}
+    config["loggers"]["uvicorn.access"]["filters"] = ["redact"]
+    return config
+
+
 def _serve(args: argparse.Namespace) -> int:
     _setup()
     from django.conf import settings
@@ -86,6 +117,7 @@ def _serve(args: argparse.Namespace) -> int:
         proxy_headers=False,
         # uvicorn formats each access line's fields before its logger drops them: below INFO, skip that.
         access_log=args.log_level.lower() in ("info", "debug", "trace"),
+        log_config=log_config(),
         lifespan="on",
     )
     return 0

@@ -19,7 +19,9 @@ from django.contrib import admin
 from django.contrib.admin.utils import unquote
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.forms import AdminUserCreationForm, UserChangeForm
 from django.contrib.auth.models import Group
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -30,7 +32,33 @@ from registry.audit import actor_from_request
 User = get_user_model()
 
 
+def _checked_username(form: Any, username: str) -> str:
+    """A name the form has already checked, refused here too when its letters mix scripts (a Cyrillic a in ada)."""
+    refusal = services.username_script_refusal(username) if username else None
+    if refusal is not None:
+        raise ValidationError(refusal, code="mixed_scripts")
+    if username and "username" in form.changed_data and form.instance.pk is not None:
+        taken = User.objects.filter(username__iexact=username).exclude(pk=form.instance.pk).first()
+        if taken is not None:
+            raise ValidationError(f"'{username}' differs from the existing user '{taken.get_username()}' only in case")
+    return username
+
+
+class UserAddForm(AdminUserCreationForm):
+    def clean_username(self) -> str:
+        return _checked_username(self, super().clean_username() or "")
+
+
+class UserEditForm(UserChangeForm):
+    def clean_username(self) -> str:
+        return _checked_username(self, self.cleaned_data.get("username") or "")
+
+
 class AuditedUserAdmin(UserAdmin):
+    # The same names the users page accepts: no look-alikes of another user's.
+    add_form = UserAddForm
+    form = UserEditForm
+
     def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
         # Read before Django writes anything; save_related records once the groups are saved too.
         form.modelyard_access_before = services.user_access_snapshot(user_id=obj.pk) if change else None

@@ -3,8 +3,10 @@
 After ``LOGIN_MAX_FAILURES`` failures for one username (or ``LOGIN_MAX_FAILURES_PER_IP`` from one
 address) within ``LOGIN_LOCKOUT_SECONDS``, logins for it are refused for that long, even with the
 right password. The per-username limit stops guessing one account from many addresses; the
-per-address limit stops one address trying many accounts. Unknown usernames count the same way,
-so a lock tells nobody whether an account exists. API tokens are not affected.
+per-address limit stops one address trying many accounts. An IPv6 client is counted by its /64, the
+block one host is usually given whole (else each of its 2**64 addresses would get a count of its
+own). Unknown usernames count the same way, so a lock tells nobody whether an account exists. API
+tokens are not affected.
 
 Counts live in a table rather than the cache: every server process sees the same numbers on
 SQLite and PostgreSQL with no Redis, and a restart does not forgive an attacker. Failures are
@@ -14,7 +16,9 @@ each refused attempt are audited too (``auth.lockout``, and ``auth.failed`` with
 
 from __future__ import annotations
 
+import ipaddress
 import math
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -38,17 +42,37 @@ def _window() -> timedelta:
     return timedelta(seconds=settings.LOGIN_LOCKOUT_SECONDS)
 
 
+IPV6_PREFIX = 64
+
+
+def address_key(address: str) -> str:
+    """What the per-address count is kept under: the address, or an IPv6 address's /64 (``2001:db8:1:2::/64``)."""
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(parsed, ipaddress.IPv6Address):
+        if parsed.ipv4_mapped is not None:
+            return str(parsed.ipv4_mapped)
+        return str(ipaddress.IPv6Network((int(parsed), IPV6_PREFIX), strict=False))  # int(): without a %scope
+    return address
+
+
+def _caller(request: Any) -> str:
+    return address_key(client_address(request)) if request is not None else ""
+
+
 def login_lock(*, username: str, address: str) -> LoginFailure | None:
-    """The lock that refuses a login for this username or from this address now, if any."""
+    """The lock that refuses a login for this username or from this address (or its /64) now, if any."""
     keys = Q(kind=USER, value=username[:150])
     if address:
-        keys |= Q(kind=IP, value=address)
+        keys |= Q(kind=IP, value=address_key(address))
     return LoginFailure.objects.filter(keys, locked_until__gt=timezone.now()).order_by("-locked_until").first()
 
 
 def login_failure_record(*, username: str, request: Any = None) -> None:
-    """Count one failed login for the username and the caller's address; lock either that reached its limit."""
-    address = client_address(request) if request is not None else ""
+    """Count one failed login for the username and the caller's address (or /64); lock what reached its limit."""
+    address = _caller(request)
     now = timezone.now()
     with transaction.atomic():
         _prune(now)
@@ -100,13 +124,25 @@ def _anonymous(request: Any) -> Actor:
     return Actor(ip=actor.ip, user_agent=actor.user_agent, request_id=actor.request_id, label="anonymous")
 
 
-def refusal_message(lock: LoginFailure, username: str) -> str:
+@dataclass(frozen=True)
+class Refusal:
+    """Why a login is refused, in two parts: the login page shows ``until`` in the viewer's own zone."""
+
+    lead: str
+    until: datetime
+
+    def __str__(self) -> str:  # where no script turns the time into the viewer's zone (the admin's login)
+        return f"{self.lead} (until {self.until:%H:%M} UTC)."
+
+
+def refusal(lock: LoginFailure, username: str) -> Refusal:
     assert lock.locked_until is not None
     minutes = max(1, math.ceil((lock.locked_until - timezone.now()).total_seconds() / 60))
     who = f"for '{username}'" if lock.kind == USER else "from your address"
-    return (
-        f"Too many failed logins {who}: logging in is locked for {minutes} more minute{'s' if minutes > 1 else ''} "
-        f"(until {lock.locked_until:%H:%M} UTC)."
+    plural = "s" if minutes > 1 else ""
+    return Refusal(
+        lead=f"Too many failed logins {who}: logging in is locked for {minutes} more minute{plural}",
+        until=lock.locked_until,
     )
 
 
@@ -120,14 +156,16 @@ class LockoutMixin:
 
     request: Any
     cleaned_data: dict[str, Any]
-    locked_out = ""
+    locked_out = ""  # the whole message
+    lockout: Refusal | None = None  # its parts, for the login page
 
     def clean(self) -> dict[str, Any]:
         username = str(self.cleaned_data.get("username") or "")
-        address = client_address(self.request) if self.request is not None else ""
+        address = _caller(self.request)
         lock = login_lock(username=username, address=address)
         if lock is not None:
-            self.locked_out = refusal_message(lock, username)
+            self.lockout = refusal(lock, username)
+            self.locked_out = str(self.lockout)
             audit_auth_failed(
                 request=self.request,
                 target_type="user",

@@ -7,14 +7,23 @@ address is checked, and the connection is made to the checked address itself: a 
 resolved to a public address for the check cannot resolve to a private one for the connect (DNS
 rebinding). HTTPS still verifies the certificate against the host name.
 
-- Never: link-local addresses (169.254/16, fe80::/10), cloud metadata addresses, multicast and
-  unspecified ones.
-- Only with ``MODELYARD_WEBHOOK_ALLOW_PRIVATE``: loopback and private ranges, and any other address
-  that is not globally routable.
+- Never: link-local addresses (169.254/16, fe80::/10), cloud metadata addresses, multicast, broadcast
+  and unspecified ones (0/8, ::).
+- Only with ``MODELYARD_WEBHOOK_ALLOW_PRIVATE``: loopback and private ranges, and every other range
+  that IANA's special-purpose registries mark as not globally reachable. The tables are this
+  module's own, not the interpreter's ``is_global`` (which differs between Python releases, and
+  calls ``::ffff:0:a9fe:a9fe`` global).
+- An IPv6 address that carries an IPv4 address (mapped ``::ffff:0:0/96``, SIIT ``::ffff:0:0:0/96``,
+  compatible ``::/96``, NAT64 ``64:ff9b::/96`` and the local-use ``64:ff9b:1::/48``, 6to4, Teredo) is
+  refused when the IPv4 address would be: that is where the packets end up. Inside the local-use
+  prefix the operator's prefix length is unknown, so each place RFC 6052 allows for it is checked.
+- The URL itself: http or https, a host, no credentials, no spaces or control characters (a CR or
+  LF would otherwise reach the request line).
 - Redirects are not followed (an answer of 3xx is a failed attempt); proxies from the environment
   are not used (they would connect on our behalf, past the check).
-- The whole attempt, from connecting to reading the answer's first KiB, ends at the deadline
-  (``MODELYARD_WEBHOOK_TIMEOUT_SECONDS``), however slowly the other side drips its bytes.
+- The whole attempt, from connecting to reading the answer's status line, ends at the deadline
+  (``MODELYARD_WEBHOOK_TIMEOUT_SECONDS``), however slowly the other side drips its bytes. Only the
+  status line is kept: a receiver's body could echo secrets, or say anything at all.
 
 This module knows nothing of Django: the caller passes the settings.
 """
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import http.client
 import ipaddress
+import re
 import socket
 import ssl
 import threading
@@ -42,10 +52,61 @@ METADATA_ADDRESSES = frozenset(
         "192.0.0.192",  # Oracle Cloud (classic)
     )
 )
-NAT64 = ipaddress.ip_network("64:ff9b::/96")
 ALLOW_PRIVATE_SETTING = "MODELYARD_WEBHOOK_ALLOW_PRIVATE"
 TIMEOUT_SETTING = "MODELYARD_WEBHOOK_TIMEOUT_SECONDS"
-ANSWER_BYTES = 1024  # of the answer's body, kept for the delivery log
+REASON_CHARS = 64  # of the answer's reason phrase, kept for the delivery log (never its body)
+
+
+def _networks(*texts: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    return tuple(ipaddress.ip_network(text) for text in texts)
+
+
+# What a delivery may never reach, whatever the setting, and why. (IANA's IPv4 and IPv6 special-purpose
+# address registries, with the multicast and link-local blocks.)
+NEVER = (
+    (_networks("169.254.0.0/16", "fe80::/10"), "a link-local address"),
+    (_networks("0.0.0.0/8", "255.255.255.255/32", "224.0.0.0/4", "::/128", "ff00::/8"), "not a unicast address"),
+)
+LOOPBACK = _networks("127.0.0.0/8", "::1/128")
+# Not globally reachable: only with MODELYARD_WEBHOOK_ALLOW_PRIVATE. Conservative where the registry
+# makes exceptions inside a block (192.0.0.0/24, 2001::/23): the whole block is refused.
+PRIVATE = _networks(
+    "10.0.0.0/8",
+    "100.64.0.0/10",  # shared address space (carrier-grade NAT)
+    "172.16.0.0/12",
+    "192.0.0.0/24",  # IETF protocol assignments
+    "192.0.2.0/24",  # documentation
+    "192.88.99.0/24",  # 6to4 relay anycast (deprecated)
+    "192.168.0.0/16",
+    "198.18.0.0/15",  # benchmarking
+    "198.51.100.0/24",  # documentation
+    "203.0.113.0/24",  # documentation
+    "240.0.0.0/4",  # reserved
+    "64:ff9b:1::/48",  # local-use IPv4/IPv6 translation
+    "100::/64",  # discard-only
+    "2001::/23",  # IETF protocol assignments
+    "2001:db8::/32",  # documentation
+    "3fff::/20",  # documentation
+    "5f00::/16",  # segment routing SIDs
+    "fc00::/7",  # unique local
+    "fec0::/10",  # site-local (deprecated)
+)
+# IPv6 prefixes whose last 32 bits are an IPv4 address, which is where a connection really goes.
+LAST_32_BITS = _networks(
+    "::ffff:0:0/96",  # IPv4-mapped
+    "::ffff:0:0:0/96",  # IPv4-translated (SIIT)
+    "::/96",  # IPv4-compatible (deprecated); :: and ::1 are not, and are checked as themselves
+    "64:ff9b::/96",  # NAT64, well-known prefix
+)
+# The local-use NAT64 prefix: the operator picks a prefix length inside it, and RFC 6052 places the
+# IPv4 address differently for each, around the reserved octet (bits 64-71).
+LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")
+# Where the IPv4 address sits, [(first bit, bits)...], for the RFC 6052 prefix lengths /48, /56 and /64.
+LOCAL_NAT64_LAYOUTS = (
+    ((48, 16), (72, 16)),
+    ((56, 8), (72, 24)),
+    ((72, 32),),
+)
 
 
 class DeliveryRefused(Exception):
@@ -58,44 +119,78 @@ class DeliveryFailed(Exception):
 
 @dataclass(frozen=True)
 class Answer:
+    """The receiver's status line; its body is never kept (it could echo what it should not)."""
+
     status: int
-    body: bytes  # at most ANSWER_BYTES of it
+    reason: str  # the reason phrase, printable ASCII, at most REASON_CHARS
 
 
-def _embedded_ipv4(address: IPAddress) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 address carries (mapped, 6to4, Teredo, NAT64), which is where it really goes."""
+def _bits(value: int, first: int, count: int) -> int:
+    """``count`` bits of a 128-bit ``value`` from bit ``first``, counted from the left."""
+    return (value >> (128 - first - count)) & ((1 << count) - 1)
+
+
+def _embedded_ipv4(address: IPAddress) -> list[ipaddress.IPv4Address]:
+    """The IPv4 addresses an IPv6 address may carry (mapped, SIIT, compatible, NAT64, 6to4, Teredo)."""
     if not isinstance(address, ipaddress.IPv6Address):
-        return None
-    if address.ipv4_mapped is not None:
-        return address.ipv4_mapped
+        return []
+    value = int(address)
+    if any(address in network for network in LAST_32_BITS):
+        return [] if value <= 1 else [ipaddress.IPv4Address(value & 0xFFFFFFFF)]
+    if address in LOCAL_NAT64:
+        found = []
+        for pieces in LOCAL_NAT64_LAYOUTS:
+            # A layout fits only with its reserved octet and its suffix (after the IPv4 address) zero.
+            end = pieces[-1][0] + pieces[-1][1]
+            if _bits(value, 64, 8) or _bits(value, end, 128 - end):
+                continue
+            v4 = 0
+            for first, count in pieces:
+                v4 = (v4 << count) | _bits(value, first, count)
+            found.append(ipaddress.IPv4Address(v4))
+        # The /96 layout always fits; its 0.0.0.0 means "a shorter layout", which was checked above.
+        if value & 0xFFFFFFFF or not found:
+            found.append(ipaddress.IPv4Address(value & 0xFFFFFFFF))
+        return found
     if address.sixtofour is not None:
-        return address.sixtofour
+        return [address.sixtofour]
     if address.teredo is not None:
-        return address.teredo[1]
-    if address in NAT64:
-        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
-    return None
+        return [address.teredo[1]]
+    return []
 
 
 def address_refusal(address: IPAddress, *, allow_private: bool) -> str | None:
-    """Why a delivery may not connect to ``address``, or None when it may."""
-    inner = _embedded_ipv4(address)
-    if inner is not None:
-        return address_refusal(inner, allow_private=allow_private)
+    """Why a delivery may not connect to ``address``, or None when it may.
+
+    An IPv6 address carrying an IPv4 address is refused with the IPv4 address's reason.
+    """
     if address in METADATA_ADDRESSES:
         return f"{address} is a cloud metadata address"
-    if address.is_link_local:
-        return f"{address} is a link-local address"
-    if address.is_multicast or address.is_unspecified:
-        return f"{address} is not a unicast address"
-    if address.is_global or allow_private:
+    for networks, what in NEVER:
+        if any(address in network for network in networks):
+            return f"{address} is {what}"
+    for inner in _embedded_ipv4(address):
+        refusal = address_refusal(inner, allow_private=allow_private)
+        if refusal is not None:
+            return refusal
+    if allow_private:
         return None
-    kind = "a loopback" if address.is_loopback else "a private"
-    return f"{address} is {kind} address (set {ALLOW_PRIVATE_SETTING}=true to deliver there)"
+    if any(address in network for network in LOOPBACK):
+        return f"{address} is a loopback address (set {ALLOW_PRIVATE_SETTING}=true to deliver there)"
+    if any(address in network for network in PRIVATE):
+        return f"{address} is a private address (set {ALLOW_PRIVATE_SETTING}=true to deliver there)"
+    return None
+
+
+# Refused anywhere in a URL: a space or a control character (C0, DEL, C1) could split the request line.
+_UNSAFE_CHARACTER = re.compile(r"[\x00-\x20\x7f-\x9f]")
 
 
 def url_refusal(url: str, *, allow_private: bool) -> str | None:
     """Why ``url`` can never be a webhook's URL, or None. A host name is checked when a delivery resolves it."""
+    unsafe = _UNSAFE_CHARACTER.search(url)
+    if unsafe is not None:
+        return f"the URL must not contain spaces or control characters (found {unsafe.group()!r})"
     try:
         parts = urlsplit(url)
         port = parts.port
@@ -160,6 +255,10 @@ class _GuardedHTTPSConnection(http.client.HTTPSConnection):
         self.sock = context.wrap_socket(sock, server_hostname=self.host)
 
 
+def _printable(text: str) -> str:
+    return "".join(char for char in text if " " <= char <= "~").strip()
+
+
 def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float, allow_private: bool) -> Answer:
     """POST ``body`` to ``url`` once; raises :class:`DeliveryRefused` or :class:`DeliveryFailed`, else the answer."""
     refusal = url_refusal(url, allow_private=allow_private)
@@ -192,7 +291,7 @@ def post(url: str, body: bytes, headers: dict[str, str], *, timeout: float, allo
     try:
         connection.request("POST", path, body=body, headers=headers)
         response = connection.getresponse()
-        answer = Answer(status=response.status, body=response.read(ANSWER_BYTES))
+        answer = Answer(status=response.status, reason=_printable(response.reason or "")[:REASON_CHARS])
     except DeliveryRefused:
         raise
     except (OSError, http.client.HTTPException, DeliveryFailed) as exc:

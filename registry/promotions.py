@@ -7,12 +7,13 @@ that another approver decides, so nobody can unprotect an alias and then move it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from registry import notify, webhooks
@@ -25,6 +26,7 @@ from registry.models import (
     Alias,
     AliasMove,
     AliasMoveKind,
+    AuditEvent,
     ModelVersion,
     PromotionKind,
     PromotionRequest,
@@ -412,6 +414,70 @@ def _noun(promotion: PromotionRequest) -> str:
     return "unprotect request" if promotion.kind == PromotionKind.UNPROTECT else "promotion"
 
 
+# --- Who may be the second person ----------------------------------------------------------------------
+#
+# Four eyes need two people. One admin can make a second account (or take over someone's) and decide
+# their own request with it; the audit log would then name the puppet. So a decision is refused from
+# a user whose account the requester created, re-keyed (a set-password link, a password set, an API
+# token made for them) or granted the approver or admin role within the request's lifetime: from as
+# long before the request as it has to run, until the decision.
+
+# What the requester did to the decider's account, by audit action, as the refusal says it.
+_STAND_IN_ACTIONS = {
+    "user.create": "created your account",
+    "user.password.link": "made a set-password link for you",
+    "user.password.change": "set your password",
+    "token.create": "made an API token for you",
+    "user.roles.grant": "granted you the {roles} role",
+    "user.update": "made you a superuser",
+}
+_PRIVILEGED = {Role.ADMIN.value, Role.APPROVER.value}
+
+
+def review_window_start(promotion: PromotionRequest) -> datetime:
+    """Since when what the requester did to an approver's account matters to deciding this request."""
+    return promotion.requested_at - (promotion.expires_at - promotion.requested_at)
+
+
+def _names_since(user: Any, since: datetime) -> set[str]:
+    """The user's name now and every name they had since ``since`` (an admin can rename a user)."""
+    names = {user.get_username()}
+    renames = AuditEvent.objects.filter(action="user.update", at__gte=since, after__has_key="username")
+    for before, after in renames.order_by("-seq").values_list("before", "after"):
+        old = (before or {}).get("username")
+        if old and (after or {}).get("username") in names:
+            names.add(old)
+    return names
+
+
+def _stand_in_what(event: AuditEvent) -> str | None:
+    after = event.after if isinstance(event.after, dict) else {}
+    if event.action == "user.roles.grant":
+        roles = sorted(set(after.get("roles", [])) & _PRIVILEGED)
+        return _STAND_IN_ACTIONS[event.action].format(roles=" and ".join(roles)) if roles else None
+    if event.action == "user.update":
+        return _STAND_IN_ACTIONS[event.action] if after.get("is_superuser") is True else None
+    return _STAND_IN_ACTIONS[event.action]
+
+
+def reviewer_conflict(promotion: PromotionRequest, user: Any) -> str | None:
+    """Why ``user`` cannot be the second person on ``promotion`` although they hold the role, or None."""
+    if user is None or promotion.requested_by_id == user.pk:
+        return None
+    since = review_window_start(promotion)
+    names = _names_since(user, since)
+    events = AuditEvent.objects.filter(actor_id=promotion.requested_by_id, at__gte=since).filter(
+        Q(target_type="user", target__in=names, action__in=set(_STAND_IN_ACTIONS) - {"token.create"})
+        | Q(action="token.create", after__user__in=names)
+    )
+    for event in events.order_by("seq"):
+        what = _stand_in_what(event)
+        if what is not None:
+            requester, at = promotion.requested_by.get_username(), event.at.isoformat(timespec="seconds")
+            return f"{requester} requested this {_noun(promotion)} and {what} ({at})"
+    return None
+
+
 def _check_reviewer(promotion: PromotionRequest, actor: Actor, verb: str) -> None:
     if not has_role(actor.user, Role.APPROVER):
         article = "an" if promotion.kind == PromotionKind.UNPROTECT else "a"
@@ -422,6 +488,9 @@ def _check_reviewer(promotion: PromotionRequest, actor: Actor, verb: str) -> Non
         raise Conflict(f"promotion request {promotion.pk} is already {promotion.state}")
     if promotion.expires_at <= timezone.now():
         raise Conflict(f"promotion request {promotion.pk} expired at {promotion.expires_at.isoformat()}")
+    conflict = reviewer_conflict(promotion, actor.user)
+    if conflict is not None:
+        raise PermissionDenied(f"{conflict}; another approver must {verb} it")
 
 
 _DECISION_ACTIONS: dict[str, str] = {

@@ -18,6 +18,7 @@ from registry.models import (
     Alias,
     AliasMove,
     ApiToken,
+    AuditEvent,
     DeriveJob,
     ModelFile,
     ModelVersion,
@@ -142,6 +143,15 @@ def version_fleet_state(*, model: str, version: int) -> list[tuple[serving.Fleet
         row = next((r for r in worker.loaded if r.model == model and r.version == version), None)
         rows.append((worker, row))
     return rows
+
+
+PRIVILEGED_GRANTS_SHOWN = 50
+
+
+def privileged_grant_list(*, since: datetime) -> QuerySet[AuditEvent]:
+    """Grants of the approver or admin role (one admin's decision each) since ``since``, newest first."""
+    events = AuditEvent.objects.filter(at__gte=since, target_type="user", after__has_key="privileged")
+    return events.order_by("-seq")
 
 
 def user_list() -> QuerySet[Any]:

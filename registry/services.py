@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Sequence
+import unicodedata
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -333,6 +334,7 @@ def token_create(
     if user is None:
         if not create_user:
             raise NotFound(f"no user named '{username}' (pass --create-user to create it)")
+        _check_new_username(username)
         user = User.objects.create_user(username=username)
         user.set_unusable_password()
         user.save()
@@ -344,9 +346,7 @@ def token_create(
             user.groups.add(group)
             added.append(role)
     if added:
-        audit_record(
-            actor=actor, action="user.roles.grant", target_type="user", target=username, after={"roles": added}
-        )
+        _user_event(actor, "user.roles.grant", username, after=_grant(added))
     prefix = secrets.token_hex(6)
     raw = f"my_{prefix}_{secrets.token_urlsafe(32)}"
     expires_at = timezone.now() + expires_in if expires_in is not None else None
@@ -396,6 +396,9 @@ class UserAccess:
     permissions: frozenset[str]
     password: str  # the hash: compared, never recorded
 
+    def effective_roles(self) -> frozenset[str]:
+        return self.roles | {Role.ADMIN} if self.is_superuser else self.roles
+
     def recorded(self) -> dict[str, Any]:
         return {
             "username": self.username,
@@ -434,21 +437,23 @@ def user_access_record(*, user_id: int, before: UserAccess | None, actor: Actor)
             return []
         return [_user_event(actor, "user.delete", before.username, before=before.recorded())]
     if before is None:
-        return [_user_event(actor, "user.create", after.username, after=after.recorded())]
+        created = after.recorded()
+        if privileged := _privileged(after.effective_roles()):
+            created["privileged"] = privileged
+        return [_user_event(actor, "user.create", after.username, after=created)]
     events = []
     if granted := sorted(after.roles - before.roles):
-        events.append(_user_event(actor, "user.roles.grant", after.username, after={"roles": granted}))
+        events.append(_user_event(actor, "user.roles.grant", after.username, after=_grant(granted)))
     if revoked := sorted(before.roles - after.roles):
         events.append(_user_event(actor, "user.roles.revoke", after.username, after={"roles": revoked}))
     old, new = before.recorded(), after.recorded()
     if changed := [field for field in USER_UPDATE_FIELDS if old[field] != new[field]]:
+        updated = {field: new[field] for field in changed}
+        if not before.is_superuser and after.is_superuser:
+            updated["privileged"] = [Role.ADMIN.value]  # a superuser holds every role
         events.append(
             _user_event(
-                actor,
-                "user.update",
-                after.username,
-                before={field: old[field] for field in changed},
-                after={field: new[field] for field in changed},
+                actor, "user.update", after.username, before={field: old[field] for field in changed}, after=updated
             )
         )
     if before.password != after.password:
@@ -477,6 +482,70 @@ def _user_event(actor: Actor, action: str, username: str, **values: Any) -> Audi
     return audit_record(actor=actor, action=action, target_type="user", target=username, **values)
 
 
+# Roles that let their holder decide others' promotions (an admin holds every role). One admin grants
+# them alone, so each grant says so in its event (``privileged``), and promotion reviews list them.
+PRIVILEGED_ROLES = frozenset({Role.ADMIN.value, Role.APPROVER.value})
+
+
+def _privileged(roles: Iterable[str]) -> list[str]:
+    return sorted(str(role) for role in set(roles) if role in PRIVILEGED_ROLES)
+
+
+def _grant(roles: Sequence[str]) -> dict[str, Any]:
+    """A ``user.roles.grant`` event's ``after``: the roles, and which of them are privileged."""
+    after: dict[str, Any] = {"roles": sorted(roles)}
+    if privileged := _privileged(roles):
+        after["privileged"] = privileged
+    return after
+
+
+# --- New usernames ------------------------------------------------------------------------------------
+#
+# A name that looks like another person's would put that person's name on someone else's decisions in
+# the audit log and on review pages: "\u0430da", with a Cyrillic a, reads as "ada". Letters from two scripts
+# in one name are refused (Unicode TS #39's "highly restrictive" level: one script, or Latin with the
+# scripts Chinese, Japanese and Korean write with), as is a name that differs from another's only in case.
+
+_SCRIPT_SETS = (
+    frozenset({"LATIN", "HAN", "HIRAGANA", "KATAKANA"}),
+    frozenset({"LATIN", "HAN", "BOPOMOFO"}),
+    frozenset({"LATIN", "HAN", "HANGUL"}),
+)
+
+
+def _script(char: str) -> str | None:
+    """The script of a letter, from its Unicode name ("CYRILLIC SMALL LETTER A"); None for anything else."""
+    if not char.isalpha():
+        return None
+    name = unicodedata.name(char, "")
+    if name.startswith("CJK "):
+        return "HAN"
+    return name.split(" ", 1)[0] or "UNKNOWN"
+
+
+def username_script_refusal(username: str) -> str | None:
+    """Why ``username`` is refused for mixing the letters of different scripts, or None."""
+    scripts = {script for char in username if (script := _script(char)) is not None}
+    if len(scripts) > 1 and not any(scripts <= allowed for allowed in _SCRIPT_SETS):
+        return (
+            f"'{username}' mixes letters of different scripts ({', '.join(sorted(scripts)).lower()}), "
+            "which lets a name pass for another's; use one script"
+        )
+    return None
+
+
+def _check_new_username(username: str) -> None:
+    """Refuse a new user's name that mixes scripts or is taken, in any case."""
+    refusal = username_script_refusal(username)
+    if refusal is not None:
+        raise InvalidInput(f"username: {refusal}")
+    taken = get_user_model().objects.filter(username__iexact=username).values_list("username", flat=True).first()
+    if taken == username:
+        raise Conflict(f"a user named '{username}' already exists")
+    if taken is not None:
+        raise InvalidInput(f"username: '{username}' differs from the existing user '{taken}' only in case")
+
+
 # --- Users and roles, from the web UI's users page ------------------------------------------------------
 #
 # The same events as the admin's user pages (user_access_record compares the access before and after),
@@ -486,6 +555,13 @@ def _user_event(actor: Actor, action: str, username: str, **values: Any) -> Audi
 def _require_admin(actor: Actor, what: str) -> None:
     if not has_role(actor.user, Role.ADMIN):
         raise PermissionDenied(f"{what} needs the admin role")
+
+
+def _require_may_manage(actor: Actor, user: Any, what: str) -> None:
+    """Staff and superuser accounts reach past the roles (the Django admin): only a superuser manages them here."""
+    if (user.is_staff or user.is_superuser) and not getattr(actor.user, "is_superuser", False):
+        kind = "a superuser" if user.is_superuser else "a staff"
+        raise PermissionDenied(f"'{user.get_username()}' is {kind} account: {what} needs a superuser")
 
 
 def _checked_roles(roles: Sequence[str]) -> list[str]:
@@ -510,7 +586,7 @@ def user_invite(*, username: str, roles: Sequence[str] = (), password: str | Non
     """
     _require_admin(actor, "inviting a user")
     User = get_user_model()
-    username = username.strip()
+    username = User.normalize_username(username.strip())
     try:
         User.username_validator(username)
     except ValidationError as exc:
@@ -518,8 +594,7 @@ def user_invite(*, username: str, roles: Sequence[str] = (), password: str | Non
     if not username or len(username) > 150:
         raise InvalidInput("username: use 1-150 characters")
     chosen = _checked_roles(roles)
-    if User.objects.filter(username=username).exists():
-        raise Conflict(f"a user named '{username}' already exists")
+    _check_new_username(username)
     user = User(username=username)
     if password:
         try:
@@ -552,6 +627,7 @@ def user_update_access(
     before = user_access_snapshot(user_id=found)
     assert before is not None
     user = get_user_model().objects.get(pk=found)
+    _require_may_manage(actor, user, "changing its roles or access")
     own = actor.user is not None and actor.user.pk == user.pk
     if roles is not None:
         chosen = _checked_roles(roles)
@@ -573,11 +649,21 @@ def user_password_link(*, username: str, actor: Actor) -> tuple[str, str]:
 
     The link works once, until the password changes, for ``PASSWORD_RESET_TIMEOUT``. Modelyard sends
     no mail: the admin hands the link over. Audited as ``user.password.link``, without the token.
+
+    Only for a user who has never signed in or has no usable password: a link for anyone else would
+    let one admin take over their account (an approver's, say, to approve their own promotion). Such
+    a user changes their own password; a superuser can still reset it in the Django admin, audited.
     """
     _require_admin(actor, "making a set-password link")
-    user = get_user_model().objects.filter(username=username).first()
+    user = get_user_model().objects.select_for_update().filter(username=username).first()
     if user is None:
         raise NotFound(f"no user named '{username}'")
+    _require_may_manage(actor, user, "making a set-password link for it")
+    if user.last_login is not None and user.has_usable_password():
+        raise PermissionDenied(
+            f"'{username}' has signed in with a password of their own: a set-password link is only for a user "
+            "who never signed in or has no password; they change it themselves"
+        )
     audit_record(
         actor=actor,
         action="user.password.link",

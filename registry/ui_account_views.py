@@ -4,7 +4,9 @@ Tokens go through ``services.token_create`` and ``services.token_revoke``, as th
 users and roles through ``services.user_invite`` and ``services.user_update_access``, which write
 the same audit events as the admin's user pages; passwords through ``services.user_password_set``
 after Django's own forms have checked them. Modelyard sends no mail: a set-password link is shown
-once, to the admin who made it, to hand over.
+once, to the admin who made it, to hand over, and only for someone who never signed in or has no
+usable password (the service refuses the rest, and staff and superuser accounts unless the admin is
+a superuser; the page offers only what the service allows).
 """
 
 from __future__ import annotations

@@ -22,5 +22,7 @@ def ui(request: HttpRequest) -> dict[str, Any]:
             "approve": has_role(user, Role.APPROVER),
             "audit": has_role(user, Role.AUDITOR),
             "administer": has_role(user, Role.ADMIN),  # users and roles, everyone's tokens
+            # The Django admin lets in active staff accounts only, whatever their roles.
+            "django_admin": bool(getattr(user, "is_active", False) and getattr(user, "is_staff", False)),
         }
     }

@@ -495,6 +495,9 @@ def _why_not(request: HttpRequest, promotion: PromotionRequest) -> str:
         return "You requested this promotion; another approver must approve it. You can cancel it."
     if not has_role(request.user, Role.APPROVER):
         return "Approving and rejecting need the approver role."
+    conflict = promotions.reviewer_conflict(promotion, request.user)
+    if conflict:
+        return f"You cannot be the second person here: {conflict}. Another approver must decide it."
     return ""
 
 
@@ -504,11 +507,16 @@ def _promotion_review(
     diff = None
     if promotion.kind == PromotionKind.MOVE and promotion.version is not None and promotion.base_version is not None:
         diff = comparison(promotion.base_version, promotion.version, promotion.alias)
+    since = promotions.review_window_start(promotion)
+    grants = selectors.privileged_grant_list(since=since)
     context = {
         "promotion": promotion,
         "diff": diff,
         "why_not": _why_not(request, promotion),
         "own": promotion.requested_by_id == request.user.pk,
+        "grants": grants[: selectors.PRIVILEGED_GRANTS_SHOWN],
+        "grants_more": max(0, grants.count() - selectors.PRIVILEGED_GRANTS_SHOWN),
+        "grants_since": since,
         "error": error,
     }
     return render(request, "modelyard/ui/promotion.html", context, status=status)

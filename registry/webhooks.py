@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from functools import partial
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from celery import current_app
 from django.conf import settings
@@ -202,9 +203,9 @@ def delivery_attempt(*, delivery_id: int) -> str:
             claimed_at=None,
         )
         return "delivered"
-    text = answer.body.decode("utf-8", "replace").strip()
+    # The status line only: a receiver's body may echo the request, or anything else, into the log.
     why = " (redirects are not followed)" if 300 <= answer.status < 400 else ""
-    error = f"answered {answer.status}{why}" + (f": {text}" if text else "")
+    error = " ".join(part for part in ("answered", str(answer.status), answer.reason) if part) + why
     _record_failure(delivery, error, status_code=answer.status)
     return "failed"
 
@@ -234,10 +235,18 @@ def _checked_secret(secret: str) -> str:
     return secret
 
 
+def _recorded_url(url: str) -> str:
+    """The URL without its query string, which often carries a receiver's key (``?token=...``)."""
+    parts = urlsplit(url)
+    if not parts.query and not parts.fragment:
+        return url
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")) + ("?(hidden)" if parts.query else "")
+
+
 def _recorded(hook: Webhook) -> dict[str, Any]:
-    """What the audit log keeps of a webhook: never its secret."""
+    """What the audit log keeps of a webhook: never its secret, nor its URL's query string."""
     return {
-        "url": hook.url,
+        "url": _recorded_url(hook.url),
         "events": hook.events,
         "model": hook.model.name if hook.model else None,
         "active": hook.active,
@@ -277,7 +286,7 @@ def webhook_update(*, webhook: Webhook, actor: Actor, **changes: Any) -> Webhook
     if unknown:
         raise TypeError(f"webhook_update() got unexpected fields {sorted(unknown)}")
     hook = Webhook.objects.select_for_update(of=("self",)).select_related("model").get(pk=webhook.pk)
-    before = _recorded(hook)
+    before, old_url = _recorded(hook), hook.url
     if "url" in changes:
         hook.url = _checked_url(changes["url"])
     if "events" in changes:
@@ -287,6 +296,8 @@ def webhook_update(*, webhook: Webhook, actor: Actor, **changes: Any) -> Webhook
     if "active" in changes:
         hook.active = changes["active"]
     after = _recorded(hook)
+    if hook.url != old_url and after["url"] == before["url"]:
+        after["url_changed"] = True  # only its hidden query string did
     if "secret" in changes:
         hook.secret = _checked_secret(changes["secret"])
         after["secret_changed"] = True  # that it changed, never what to

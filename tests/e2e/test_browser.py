@@ -72,3 +72,37 @@ def test_approver_approves_in_the_browser_and_sees_it_audited(live_server, tmp_p
     assert Alias.objects.get(model__name="demo", name="production").version.version == 1
     assert AuditEvent.objects.filter(action="promotion.approve", actor="lead", target=str(promotion.pk)).exists()
     assert not PromotionRequest.objects.filter(state="pending").exists()
+
+
+def test_the_login_lockout_says_until_when_in_the_viewers_time_zone(live_server, settings):
+    from zoneinfo import ZoneInfo
+
+    from django.test import Client
+    from playwright.sync_api import expect, sync_playwright
+
+    from registry.models import LoginFailure
+
+    settings.LOGIN_MAX_FAILURES = 2
+    login_person("lou", Role.VIEWER)
+    for _ in range(2):
+        Client().post("/accounts/login/", {"username": "lou", "password": "wrong"})
+    until = LoginFailure.objects.get(kind="user", value="lou").locked_until
+    zone = "Asia/Kolkata"  # UTC+5:30, so neither hour nor minute matches UTC
+    local = until.astimezone(ZoneInfo(zone)).strftime("%Y-%m-%d %H:%M:%S")
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(timezone_id=zone)
+            page.set_default_timeout(15_000)
+            page.goto(f"{live_server.url}/accounts/login/")
+            page.fill("#id_username", "lou")
+            page.fill("#id_password", PASSWORD)
+            page.click("button[type=submit]:has-text('Log in')")
+            message = page.locator("#locked-out")
+            expect(message).to_contain_text("Too many failed logins for 'lou': logging in is locked for")
+            expect(message.locator("time")).to_contain_text(local)
+            text = message.inner_text()
+        finally:
+            browser.close()
+    assert "UTC" not in text and ("IST" in text or "GMT+5:30" in text), text

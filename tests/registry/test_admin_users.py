@@ -70,15 +70,16 @@ def test_role_and_flag_changes_in_the_admin_are_audited(admin_browser):
     user.refresh_from_db()
     assert (user.is_active, user.is_staff, user.is_superuser) == (False, True, True)
     events = [(e.action, e.actor, e.target, e.before, e.after) for e in _user_events(since)]
+    # Granting approver, and making a superuser (who holds every role), say that they give that power.
     assert events == [
-        ("user.roles.grant", "root", "owner", None, {"roles": ["approver"]}),
+        ("user.roles.grant", "root", "owner", None, {"roles": ["approver"], "privileged": ["approver"]}),
         ("user.roles.revoke", "root", "owner", None, {"roles": ["maintainer"]}),
         (
             "user.update",
             "root",
             "owner",
             {"is_active": True, "is_staff": False, "is_superuser": False},
-            {"is_active": False, "is_staff": True, "is_superuser": True},
+            {"is_active": False, "is_staff": True, "is_superuser": True, "privileged": ["admin"]},
         ),
     ]
     assert audit_verify().ok
@@ -142,6 +143,31 @@ def test_user_created_in_the_admin_is_audited(admin_browser):
         "permissions": [],
         "usable_password": True,
     }
+
+
+def test_the_admin_refuses_look_alike_usernames(admin_browser):
+    make_person("ada", Role.ADMIN)
+    add = {"password1": STRONG, "password2": STRONG, "usable_password": "true", "_save": "Save"}
+    mixed = admin_browser.post("/admin/auth/user/add/", {"username": "\u0430da", **add})  # a Cyrillic a
+    assert mixed.status_code == 200
+    assert mixed.context["adminform"].form.errors["username"] == [
+        "'\u0430da' mixes letters of different scripts (cyrillic, latin), which lets a name pass for another's; "
+        "use one script"
+    ]
+    assert admin_browser.post("/admin/auth/user/add/", {"username": "Ada", **add}).status_code == 200
+    make_person("bob", Role.VIEWER)
+    bob = get_user_model().objects.get(username="bob")
+    renamed = admin_browser.post(f"/admin/auth/user/{bob.pk}/change/", _change_form(bob, username="ADA"))
+    assert renamed.status_code == 200
+    assert renamed.context["adminform"].form.errors["username"] == [
+        "'ADA' differs from the existing user 'ada' only in case"
+    ]
+    assert sorted(get_user_model().objects.values_list("username", flat=True)) == ["ada", "bob", "root"]
+    # A name in one script, and renaming a user to another case of their own name, are fine.
+    assert admin_browser.post("/admin/auth/user/add/", {"username": "\u0430\u0434\u0430", **add}).status_code == 302
+    assert (
+        admin_browser.post(f"/admin/auth/user/{bob.pk}/change/", _change_form(bob, username="Bob")).status_code == 302
+    )
 
 
 def test_user_deleted_in_the_admin_is_audited(admin_browser):

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from registry.models import Alias, AliasMove, AuditEvent, ModelVersion, PromotionRequest, VersionStatus
+from registry import services
+from registry.audit import Actor
+from registry.models import Alias, AliasMove, AuditEvent, ModelVersion, PromotionRequest, Role, VersionStatus
 from tests.support.onnx_models import add_model_bytes, multi_io_model
 from tests.support.people import make_person
 
@@ -387,3 +392,83 @@ def test_promotions_list_shows_and_filters_kind(owner, approver, two_versions):
     bad = approver.get("/api/v1/promotions?kind=delete")
     assert bad.status_code == 400
     assert bad.json()["error"] == "unknown kind 'delete'; kinds are move, unprotect"
+
+
+# --- Four eyes are two people: not one admin and an account that admin set up -------------------------
+
+STRONG = "a long enough passphrase 8"
+
+
+def _stand_in(kind: str, ada, approver) -> tuple[str, str, str]:
+    """Have ada set up or re-key an approver's account one way; returns (decider, audit action, how it reads)."""
+    User = get_user_model()
+    if kind == "created":
+        services.user_invite(username="pat", roles=[Role.APPROVER], password=STRONG, actor=ada.actor)
+        return "pat", "user.create", "created your account"
+    if kind == "link":
+        services.user_password_link(username="approver", actor=ada.actor)
+        return "approver", "user.password.link", "made a set-password link for you"
+    if kind == "password":
+        services.user_password_set(user=User.objects.get(username="approver"), password=STRONG, actor=ada.actor)
+        return "approver", "user.password.change", "set your password"
+    if kind == "token":
+        services.token_create(username="approver", name="for you", actor=ada.actor)
+        return "approver", "token.create", "made an API token for you"
+    assert kind == "granted"
+    make_person("bob", Role.MAINTAINER)
+    services.user_update_access(username="bob", roles=[Role.MAINTAINER, Role.APPROVER], actor=ada.actor)
+    return "bob", "user.roles.grant", "granted you the approver role"
+
+
+@pytest.mark.parametrize("kind", ["created", "link", "password", "token", "granted"])
+def test_an_approver_whose_account_the_requester_set_up_or_rekeyed_cannot_decide(approver, two_versions, kind):
+    ada = make_person("ada", Role.ADMIN)
+    username, action, how = _stand_in(kind, ada, approver)
+    decider = approver if username == "approver" else make_person(username)  # a token of its own, made by system
+    request = put(ada, "production", version=1, reason="mine").json()
+    at = AuditEvent.objects.filter(actor="ada", action=action).latest("seq").at.isoformat(timespec="seconds")
+    for verb in ("approve", "reject"):
+        refused = decider.post(f"/api/v1/promotions/{request['id']}/{verb}", {"reason": "fine"})
+        assert refused.status_code == 403, refused.content
+        assert refused.json()["error"] == (
+            f"ada requested this promotion and {how} ({at}); another approver must {verb} it"
+        )
+    assert PromotionRequest.objects.get(pk=request["id"]).state == "pending"
+    assert Alias.objects.get(name="production").version is None
+    denied = AuditEvent.objects.filter(action="access.denied", actor=username)
+    assert denied.count() == 2
+    # Somebody ada never touched decides it.
+    other = make_person("olga", Role.APPROVER)
+    assert other.post(f"/api/v1/promotions/{request['id']}/approve", {}).status_code == 200
+    assert Alias.objects.get(name="production").version.version == 1
+
+
+def test_what_one_admin_did_to_an_account_binds_only_their_own_requests_within_the_window(owner, two_versions):
+    ada = make_person("ada", Role.ADMIN)
+    make_person("bob", Role.MAINTAINER)
+    services.user_update_access(username="bob", roles=[Role.APPROVER], actor=ada.actor)
+    bob = make_person("bob")  # bob's own token, made by system
+    # Another person's request: bob is a second person to it.
+    owners = put(owner, "production", version=1).json()
+    assert bob.post(f"/api/v1/promotions/{owners['id']}/approve", {}).status_code == 200
+    # ada's own request, made long after the grant (more than its lifetime): the grant no longer binds bob.
+    adas = put(ada, "production", version=2).json()
+    later = timezone.now() + timedelta(days=30)
+    PromotionRequest.objects.filter(pk=adas["id"]).update(requested_at=later, expires_at=later + timedelta(days=7))
+    assert bob.post(f"/api/v1/promotions/{adas['id']}/approve", {}).status_code == 200
+
+
+def test_a_renamed_stand_in_is_still_recognised(two_versions):
+    ada = make_person("ada", Role.ADMIN)
+    services.user_invite(username="pat", roles=[Role.APPROVER], password=STRONG, actor=ada.actor)
+    root = get_user_model().objects.create_superuser("root", "root@example.com", STRONG)
+    pat = get_user_model().objects.get(username="pat")
+    before = services.user_access_snapshot(user_id=pat.pk)
+    pat.username = "patricia"
+    pat.save(update_fields=["username"])
+    services.user_access_record(user_id=pat.pk, before=before, actor=Actor(user=root))
+    patricia = make_person("patricia")
+    request = put(ada, "production", version=1).json()
+    refused = patricia.post(f"/api/v1/promotions/{request['id']}/approve", {})
+    assert refused.status_code == 403
+    assert refused.json()["error"].startswith("ada requested this promotion and created your account (")

@@ -104,3 +104,52 @@ def test_https_checks_the_certificate_against_the_host_name(tmp_path):
     finally:
         listener.close()
     assert seen == [None]  # nothing was sent over the unverified connection
+
+
+@pytest.mark.parametrize(
+    ("address", "private_allowed", "refusal"),
+    [
+        # Local-use NAT64 (64:ff9b:1::/48), IPv4-compatible (::/96) and SIIT (::ffff:0:0:0/96) carry an
+        # IPv4 address too, which Python 3.11's is_global calls global.
+        ("64:ff9b:1::a9fe:a9fe", True, "169.254.169.254 is a cloud metadata address"),
+        ("64:ff9b:1:a9fe:a9:fe00::", True, "169.254.169.254 is a cloud metadata address"),  # a /48 prefix
+        ("64:ff9b:1:ffa9:fe:a9fe::", True, "169.254.169.254 is a cloud metadata address"),  # a /56 prefix
+        ("64:ff9b:1:0:a9:fea9:fe00:0", True, "169.254.169.254 is a cloud metadata address"),  # a /64 prefix
+        ("64:ff9b:1::7f00:1", False, f"127.0.0.1 is a loopback address {ALLOW}"),
+        ("64:ff9b:1::a00:1", False, f"10.0.0.1 is a private address {ALLOW}"),
+        ("64:ff9b:1::5db8:d822", False, f"64:ff9b:1::5db8:d822 is a private address {ALLOW}"),  # local use
+        ("64:ff9b:1::5db8:d822", True, None),
+        ("::a9fe:a9fe", True, "169.254.169.254 is a cloud metadata address"),
+        ("::7f00:1", False, f"127.0.0.1 is a loopback address {ALLOW}"),
+        ("::a00:1", False, f"10.0.0.1 is a private address {ALLOW}"),
+        ("::ffff:0:a9fe:a9fe", True, "169.254.169.254 is a cloud metadata address"),
+        ("::ffff:0:7f00:1", False, f"127.0.0.1 is a loopback address {ALLOW}"),
+        ("::ffff:0:a00:1", False, f"10.0.0.1 is a private address {ALLOW}"),
+        ("::ffff:5db8:d822", False, None),  # a public IPv4 address, mapped
+        ("::1", True, None),
+        ("::", True, ":: is not a unicast address"),
+        ("0.1.2.3", True, "0.1.2.3 is not a unicast address"),
+        ("255.255.255.255", True, "255.255.255.255 is not a unicast address"),
+        ("198.18.0.1", False, f"198.18.0.1 is a private address {ALLOW}"),
+        ("2001:db8::1", False, f"2001:db8::1 is a private address {ALLOW}"),
+    ],
+)
+def test_ipv6_forms_of_refused_ipv4_addresses_are_refused(address, private_allowed, refusal):
+    assert outbound.address_refusal(ipaddress.ip_address(address), allow_private=private_allowed) == refusal
+
+
+@pytest.mark.parametrize(
+    ("url", "found"),
+    [
+        ("http://hooks.example.com/in\r\nX-Injected: 1", "'\\r'"),
+        ("http://hooks.example.com/in\nx", "'\\n'"),
+        ("http://hooks.example.com/a b", "' '"),
+        ("http://hooks.example.com/\x00", "'\\x00'"),
+        ("http://hooks.example.com/\x7f", "'\\x7f'"),
+        ("http://hooks.example.com/\x85", "'\\x85'"),
+    ],
+)
+def test_urls_with_spaces_or_control_characters_are_refused(url, found):
+    assert outbound.url_refusal(url, allow_private=True) == (
+        f"the URL must not contain spaces or control characters (found {found})"
+    )

@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from registry.models import ApiToken, AuditEvent, Role
-from tests.support.people import PASSWORD, login_person
+from tests.support.people import PASSWORD, login_person, make_person
 
 pytestmark = pytest.mark.django_db
 
@@ -156,6 +156,14 @@ def test_admin_invites_without_a_password_and_hands_over_a_set_password_link(adm
     ("data", "status", "error"),
     [
         ({"username": "ada"}, 409, "a user named 'ada' already exists"),
+        ({"username": "\uff41\uff44\uff41"}, 409, "a user named 'ada' already exists"),  # fullwidth: NFKC makes it ada
+        ({"username": "ADA"}, 400, "username: 'ADA' differs from the existing user 'ada' only in case"),
+        (
+            {"username": "\u0430da"},  # a Cyrillic a, then Latin
+            400,
+            "username: '\u0430da' mixes letters of different scripts (cyrillic, latin), which lets a name pass for "
+            "another's; use one script",
+        ),
         ({"username": "bad name!"}, 400, "username: Enter a valid username."),
         ({"username": "p", "password": "short"}, 400, "password: This password is too short."),
         (
@@ -177,7 +185,8 @@ def test_admin_grants_and_revokes_roles_and_deactivates(admin, viewer):
     assert (response.status_code, response["Location"]) == (302, "/ui/users")
     vic = User.objects.get(username="vic")
     assert sorted(vic.groups.values_list("name", flat=True)) == ["approver", "maintainer"]
-    assert after("user.roles.grant", "vic") == {"roles": ["approver", "maintainer"]}
+    # Approver (and admin) are the roles that decide promotions: their grant says so.
+    assert after("user.roles.grant", "vic") == {"roles": ["approver", "maintainer"], "privileged": ["approver"]}
     assert after("user.roles.revoke", "vic") == {"roles": ["viewer"]}
     assert admin.client.post("/ui/users/vic", {"roles": ["maintainer"]}).status_code == 302
     vic.refresh_from_db()
@@ -201,12 +210,77 @@ def test_an_admin_cannot_lock_themselves_out(admin):
     assert admin.client.post("/ui/users/nobody", {"roles": []}).status_code == 404
 
 
-def test_admin_makes_a_set_password_link_for_an_existing_user(admin, viewer):
-    response = admin.client.post("/ui/users/vic/password-link")
+def test_names_in_one_script_and_those_asian_languages_mix_are_accepted(admin):
+    for name in ("anna.m\u00fcller", "\u0438\u0432\u0430\u043d", "\u5c71\u7530\u305f\u308d\u3046", "kim\ud55c\uad6d"):
+        response = admin.client.post("/ui/users", {"username": name, "password": ""})  # as a browser sends it
+        assert response.status_code == 200, response.context["error"]
+        assert User.objects.filter(username=name).exists()
+
+
+def test_a_set_password_link_is_only_for_someone_who_never_signed_in_or_has_no_password(admin, viewer):
+    make_person("tia", Role.APPROVER)  # a token only: no password, never signed in
+    response = admin.client.post("/ui/users/tia/password-link")
     assert response.status_code == 200
     assert response.context["link"][1].startswith("http://testserver/accounts/reset/")
     assert b"shown only this once" in response.content
+
+    # vic signed in with a password of his own: a link would let an admin take his account over.
+    refused = admin.client.post("/ui/users/vic/password-link")
+    reason = (
+        "'vic' has signed in with a password of their own: a set-password link is only for a user who never "
+        "signed in or has no password; they change it themselves"
+    )
+    assert (refused.status_code, refused.context["error"]) == (403, reason)
+    assert not AuditEvent.objects.filter(action="user.password.link", target="vic").exists()
+    assert AuditEvent.objects.filter(action="access.denied", actor="ada").latest("seq").after["reason"] == reason
+    page = admin.client.get("/ui/users").content
+    assert b'action="/ui/users/tia/password-link"' in page
+    assert b'action="/ui/users/vic/password-link"' not in page
+
+    vic = User.objects.get(username="vic")
+    vic.set_unusable_password()
+    vic.save(update_fields=["password"])
+    assert admin.client.post("/ui/users/vic/password-link").status_code == 200  # no usable password: allowed
     assert admin.client.post("/ui/users/nobody/password-link").status_code == 404
+
+
+def test_a_role_admin_neither_changes_nor_takes_over_superuser_and_staff_accounts(admin):
+    root = User.objects.create_superuser("root", "root@example.com", NEW_PASSWORD)
+    User.objects.create_user("sam", password=NEW_PASSWORD, is_staff=True)
+    for name, kind in (("root", "a superuser"), ("sam", "a staff")):
+        off = admin.client.post(f"/ui/users/{name}", {"roles": ["viewer"]})  # deactivate, grant a role
+        assert (off.status_code, off.context["error"]) == (
+            403,
+            f"'{name}' is {kind} account: changing its roles or access needs a superuser",
+        )
+        link = admin.client.post(f"/ui/users/{name}/password-link")
+        assert (link.status_code, link.context["error"]) == (
+            403,
+            f"'{name}' is {kind} account: making a set-password link for it needs a superuser",
+        )
+    assert User.objects.filter(username__in=["root", "sam"], is_active=True).count() == 2
+    assert not User.objects.get(username="sam").groups.exists()
+    assert not AuditEvent.objects.filter(target__in=["root", "sam"], actor="ada").exclude(action="access.denied")
+    page = admin.client.get("/ui/users").content
+    assert page.count(b"account: only a superuser changes it.") == 2
+    assert b'action="/ui/users/root"' not in page and b'action="/ui/users/sam/password-link"' not in page
+
+    # A superuser may.
+    boss = Client()
+    boss.force_login(root)
+    assert boss.post("/ui/users/sam", {"roles": ["viewer"], "is_active": "on"}).status_code == 302
+    assert list(User.objects.get(username="sam").groups.values_list("name", flat=True)) == ["viewer"]
+
+
+def test_the_home_page_links_the_django_admin_only_for_those_it_lets_in(admin, viewer):
+    assert b'href="/admin/"' not in admin.client.get("/").content  # the admin role is not Django staff
+    assert admin.client.get("/admin/").status_code == 302  # which the Django admin sends to its login
+    assert b'href="/admin/"' not in viewer.client.get("/").content
+    assert b'href="/admin/"' not in Client().get("/").content
+    staff = Client()
+    staff.force_login(User.objects.create_user("sam", password=NEW_PASSWORD, is_staff=True))
+    assert b'href="/admin/"' in staff.get("/").content
+    assert staff.get("/admin/").status_code == 200
 
 
 # --- Your own password --------------------------------------------------------------------------------

@@ -192,3 +192,38 @@ def test_approving_a_served_alias_says_inference_switches(mia, ana, serving_v1):
     html = ana.client.get(f"/ui/promotions/{promotion.pk}").content.decode()
     assert "from v1 to v2? Inference processes switch to it at once." in html
     assert ana.client.get("/ui/promotions/999").status_code == 404
+
+
+def test_an_approver_the_requester_made_sees_why_they_cannot_decide_and_the_review_lists_the_grant(
+    mia, ana, serving_v1
+):
+    ada = login_person("ada", Role.ADMIN)
+    bob = login_person("bob", Role.MAINTAINER)
+    granted = ada.client.post("/ui/users/bob", {"roles": ["maintainer", "approver"], "is_active": "on"})
+    assert granted.status_code == 302
+    grant = AuditEvent.objects.get(action="user.roles.grant", target="bob", actor="ada")
+    assert (grant.actor, grant.after) == ("ada", {"roles": ["approver"], "privileged": ["approver"]})
+    ada.client.post("/ui/models/demo/promote", {"alias": "production", "version": "2", "reason": "mine"})
+    promotion = PromotionRequest.objects.get(state="pending")
+    how = f"ada requested this promotion and granted you the approver role ({grant.at.isoformat(timespec='seconds')})"
+
+    review = bob.client.get(f"/ui/promotions/{promotion.pk}")
+    assert review.context["why_not"] == f"You cannot be the second person here: {how}. Another approver must decide it."
+    assert b"Approve</button>" not in review.content
+    listed = [(g.actor, g.target, g.after["privileged"]) for g in review.context["grants"]]
+    assert listed[0] == ("ada", "bob", ["approver"])  # newest first; the fixtures' grants by system follow
+    assert ("system", "ana", ["approver"]) in listed
+    assert review.content.count(b'<span class="badge breaking">the requester</span>') == 1
+
+    refused = bob.client.post(f"/ui/promotions/{promotion.pk}/approve", {"reason": ""})
+    assert (refused.status_code, refused.context["error"]) == (403, f"{how}; another approver must approve it")
+    assert AuditEvent.objects.filter(action="access.denied", actor="bob").count() == 1
+    promotion.refresh_from_db()
+    assert promotion.state == "pending"
+
+    # ana's account is none of ada's doing: she decides.
+    other = ana.client.get(f"/ui/promotions/{promotion.pk}")
+    assert other.context["why_not"] == "" and b"Approve</button>" in other.content
+    assert ana.client.post(f"/ui/promotions/{promotion.pk}/approve", {"reason": ""}).status_code == 302
+    promotion.refresh_from_db()
+    assert (promotion.state, promotion.decided_by.username) == ("approved", "ana")

@@ -161,7 +161,8 @@ def test_a_failed_attempt_is_retried_with_doubling_backoff_then_delivered(owner,
     assert webhooks.delivery_attempt(delivery_id=queued[0]) == "failed"
     delivery = only_delivery()
     assert (delivery.status, delivery.attempts, delivery.last_status_code) == ("pending", 1, 500)
-    assert delivery.last_error == "answered 500: boom"
+    # The status line only: the receiver's body ("boom") stays out of the log.
+    assert delivery.last_error == "answered 500 Internal Server Error"
     wait = delivery.next_attempt_at - timezone.now()
     assert timedelta(seconds=25) < wait <= timedelta(seconds=30)
     assert webhooks.delivery_attempt(delivery_id=delivery.pk) == "skipped"  # not due yet
@@ -231,7 +232,7 @@ def test_a_redirect_is_not_followed(owner, queued):
         assert webhooks.delivery_attempt(delivery_id=queued[0]) == "failed"
         assert target.received == []
     delivery = only_delivery()
-    assert (delivery.last_status_code, delivery.last_error) == (302, "answered 302 (redirects are not followed): ok")
+    assert (delivery.last_status_code, delivery.last_error) == (302, "answered 302 Found (redirects are not followed)")
 
 
 @pytest.mark.django_db
@@ -289,6 +290,31 @@ def test_the_address_is_checked_when_connecting_and_that_address_is_used(
     assert webhooks.delivery_attempt(delivery_id=queued[1]) == "delivered"
     [request] = receiver.received
     assert request.headers["host"] == f"hooks.example.test:{port}"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("address", "why"),
+    [
+        ("64:ff9b:1::a9fe:a9fe", "169.254.169.254 is a cloud metadata address"),  # local-use NAT64
+        ("::7f00:1", "127.0.0.1 is a loopback address (set MODELYARD_WEBHOOK_ALLOW_PRIVATE=true to deliver there)"),
+        ("::ffff:0:a00:1", "10.0.0.1 is a private address (set MODELYARD_WEBHOOK_ALLOW_PRIVATE=true to deliver there)"),
+    ],
+)
+def test_a_name_resolving_to_an_ipv6_form_of_a_refused_ipv4_address_is_not_delivered_to(
+    owner, queued, resolving, settings, address, why
+):
+    settings.WEBHOOK_ALLOW_PRIVATE = False
+    create_model(owner)
+    webhooks.webhook_create(
+        url="http://hooks.example.test/hooks/modelyard", events=["version.ready"], secret=SECRET, actor=owner.actor
+    )
+    resolving["address"] = address
+    upload_versions(owner, [1.0])
+    assert webhooks.delivery_attempt(delivery_id=queued[0]) == "failed"
+    delivery = only_delivery()
+    assert (delivery.status, delivery.last_status_code) == ("pending", None)
+    assert delivery.last_error == f"refused to deliver to hooks.example.test: {why}"
 
 
 @pytest.mark.django_db

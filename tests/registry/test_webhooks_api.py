@@ -96,6 +96,14 @@ def test_a_secret_sent_is_kept_and_not_echoed(admin, registered):
             "a webhook secret needs at least 16 characters",
         ),
         ({"events": ["alias.moved"]}, "url: This field is required."),
+        (
+            {"url": "http://h.example.com/in\r\nX-Injected: 1", "events": ["alias.moved"]},
+            "webhook URL refused: the URL must not contain spaces or control characters (found '\\r')",
+        ),
+        (
+            {"url": "http://[::ffff:0:a9fe:a9fe]/latest", "events": ["alias.moved"]},
+            "webhook URL refused: 169.254.169.254 is a cloud metadata address",
+        ),
     ],
 )
 def test_bad_input_is_400_and_registers_nothing(admin, body, error):
@@ -156,6 +164,23 @@ def test_admin_changes_a_webhook_and_a_new_secret_is_audited_without_its_value(a
     assert admin.patch(f"{HOOKS}/{hook.pk}", {"url": "http://169.254.169.254/"}).status_code == 400
     hook.refresh_from_db()
     assert hook.url == "http://127.0.0.1:9/"
+
+
+def test_the_audit_log_keeps_a_webhook_url_without_its_query_string(admin):
+    response = admin.post(HOOKS, {"url": "https://hooks.example.com/in?token=s3cr3t-key", "events": ["alias.moved"]})
+    assert response.status_code == 201, response.content
+    assert response.json()["url"] == "https://hooks.example.com/in?token=s3cr3t-key"  # the admin sees it whole
+    hook = Webhook.objects.get()
+    assert AuditEvent.objects.get(action="webhook.create").after["url"] == "https://hooks.example.com/in?(hidden)"
+
+    changed = admin.patch(f"{HOOKS}/{hook.pk}", {"url": "https://hooks.example.com/in?token=n3w-key"})
+    assert changed.status_code == 200, changed.content
+    event = AuditEvent.objects.get(action="webhook.update")
+    assert (event.before["url"], event.after["url"]) == ("https://hooks.example.com/in?(hidden)",) * 2
+    assert event.after["url_changed"] is True
+    webhooks.webhook_delete(webhook=Webhook.objects.get(), actor=admin.actor)
+    recorded = [event.canonical() for event in AuditEvent.objects.filter(action__startswith="webhook.")]
+    assert len(recorded) == 3 and "s3cr3t" not in str(recorded) and "n3w-key" not in str(recorded)
 
 
 def test_admin_removes_a_webhook_with_its_log(admin, registered):

@@ -41,7 +41,9 @@ def answers(url: str, timeout: float = 2.0) -> int | None:
 class EmbeddedServer:
     """``modelyard serve`` on the embedded default in a process group of its own; stopped with the group."""
 
-    def __init__(self, env: dict[str, str], log_path: Path, *, cwd: Path | None = None) -> None:
+    def __init__(
+        self, env: dict[str, str], log_path: Path, *, cwd: Path | None = None, args: tuple[str, ...] = ()
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -57,6 +59,7 @@ class EmbeddedServer:
                     str(free_port()),
                     "--log-level",
                     "warning",
+                    *args,  # a later --log-level wins
                 ],
                 env=env,
                 cwd=cwd,
