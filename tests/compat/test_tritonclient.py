@@ -12,6 +12,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
+from inference.dataplane import NEEDS_ROLE, NEEDS_TOKEN
 from tests.support.onnx_compat import DATATYPES
 from tests.support.tensors import assert_same, sample
 from tests.support.v2server import V2Server
@@ -354,11 +355,17 @@ def test_without_public_inference_a_token_with_the_inference_role_is_needed(v2, 
     x = np.ones((1, 4), np.float32)
     with httpclient.InferenceServerClient(v2.url) as triton:
         assert triton.is_server_live()  # health stays open for probes
-        for headers in (None, {"Authorization": f"Bearer {v2.viewer_token}"}, {"Authorization": "Bearer nonsense"}):
+        for headers, status, message in (
+            (None, "401", NEEDS_TOKEN),
+            ({"Authorization": "Bearer nonsense"}, "401", NEEDS_TOKEN),
+            ({"Authorization": f"Bearer {v2.viewer_token}"}, "403", NEEDS_ROLE),  # valid, but a viewer's
+        ):
             with pytest.raises(InferenceServerException) as caught:
                 triton.infer("adder", [infer_input("x", x, "FP32", binary=True)], headers=headers)
-            assert caught.value.status() == "401"
-            assert caught.value.message() == "a bearer token with the inference role is required"
+            assert (caught.value.status(), caught.value.message()) == (status, message)
+            with pytest.raises(InferenceServerException) as caught:
+                triton.get_model_metadata("adder", headers=headers)
+            assert (caught.value.status(), caught.value.message()) == (status, message)
             assert not triton.is_model_ready("adder", headers=headers)
 
         headers = {"Authorization": f"Bearer {v2.inference_token}"}

@@ -23,6 +23,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
+from inference.dataplane import NEEDS_ROLE, NEEDS_TOKEN
 from inference.grpc import grpc_service_pb2 as pb
 from inference.grpc import grpc_service_pb2_grpc as pb_grpc
 from inference.grpc.codec import CONTENTS
@@ -415,7 +416,11 @@ def test_without_public_inference_the_token_travels_as_authorization_metadata(v2
     x = np.ones((1, 4), np.float32)
     with grpcclient.InferenceServerClient(v2.grpc_url) as triton:
         assert triton.is_server_live() and triton.is_server_ready()  # health stays open for probes
-        for headers in (None, {"authorization": f"Bearer {v2.viewer_token}"}, {"authorization": "Bearer nonsense"}):
+        for headers, code, message in (
+            (None, "StatusCode.UNAUTHENTICATED", NEEDS_TOKEN),
+            ({"authorization": "Bearer nonsense"}, "StatusCode.UNAUTHENTICATED", NEEDS_TOKEN),
+            ({"authorization": f"Bearer {v2.viewer_token}"}, "StatusCode.PERMISSION_DENIED", NEEDS_ROLE),
+        ):
             for call in (
                 partial(triton.infer, "adder", [x_input(x)], headers=headers),
                 partial(triton.is_model_ready, "adder", headers=headers),
@@ -424,10 +429,7 @@ def test_without_public_inference_the_token_travels_as_authorization_metadata(v2
                 partial(triton.get_model_repository_index, headers=headers),
             ):
                 error = refused(call)
-                assert (error.status(), error.message()) == (
-                    "StatusCode.UNAUTHENTICATED",
-                    "a bearer token with the inference role is required",
-                )
+                assert (error.status(), error.message()) == (code, message)
         headers = {"authorization": f"Bearer {v2.inference_token}"}
         assert triton.is_model_ready("adder", headers=headers)
         assert triton.get_model_metadata("adder", headers=headers).name == "adder"
@@ -495,20 +497,23 @@ def test_a_stream_answers_each_request_and_an_error_does_not_end_it(client):
         assert_same(results[request_id].as_numpy("y"), x + np.float32(bias))
 
 
-def test_a_stream_without_a_token_is_unauthenticated(v2, settings):
+def test_a_stream_without_a_token_is_unauthenticated_and_one_without_the_role_permission_denied(v2, settings):
     settings.INFERENCE_PUBLIC = False
-    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
-    with grpcclient.InferenceServerClient(v2.grpc_url) as triton:
-        triton.start_stream(callback=lambda result, error: answers.put((result, error)))
-        try:
-            result, error = answers.get(timeout=30)  # refused as it opens, before any request
-        finally:
-            triton.stop_stream()
-    assert result is None
-    assert (error.status(), error.message()) == (
-        "StatusCode.UNAUTHENTICATED",
-        "a bearer token with the inference role is required",
-    )
+    for headers, code, message in (
+        (None, "StatusCode.UNAUTHENTICATED", NEEDS_TOKEN),
+        ({"authorization": f"Bearer {v2.viewer_token}"}, "StatusCode.PERMISSION_DENIED", NEEDS_ROLE),
+    ):
+        answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        with grpcclient.InferenceServerClient(v2.grpc_url) as triton:
+            triton.start_stream(
+                callback=lambda result, error, answers=answers: answers.put((result, error)), headers=headers
+            )
+            try:
+                result, error = answers.get(timeout=30)  # refused as it opens, before any request
+            finally:
+                triton.stop_stream()
+        assert result is None
+        assert (error.status(), error.message()) == (code, message)
 
 
 # --- tritonclient.grpc.aio -----------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from inference.dataplane import DataPlane, InferResult
 from inference.errors import (
     BodyTooLarge,
     ClientGone,
+    Forbidden,
     InferenceFailed,
     ModelNotFound,
     ModelNotReady,
@@ -210,9 +211,11 @@ def test_authorise_needs_an_inference_token_unless_public(bare_plane, run, setti
     client = make_person("client", Role.INFERENCE)
     admin = make_person("root", Role.ADMIN)
     assert plane.needs_token is True
-    for refused in ("", "not-a-token", owner.token):  # a maintainer has no inference role
+    for refused in ("", "not-a-token", owner.token + "x"):
         with pytest.raises(Unauthorised, match=r"^a bearer token with the inference role is required$"):
             run(plane.authorise(refused))
+    with pytest.raises(Forbidden, match=r"^inference needs the inference or admin role, and this token's user has"):
+        run(plane.authorise(owner.token))  # a valid token, but a maintainer has no inference role
     run(plane.authorise(client.token))
     run(plane.authorise(admin.token))  # admins have every role
 
