@@ -177,10 +177,14 @@ class DataPlane:
         if loaded is not None:
             return loaded
         runtime = self.runtime
+        # Triton's words: its clients test that the message starts with "Request for unknown model".
         if model not in runtime.router.table and model not in runtime.known_models():
-            raise ModelNotFound(f"unknown model '{model}'")
+            raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
         if ref is not None and ref not in runtime.known_refs(model):
-            raise ModelNotFound(f"model '{model}' has no served version or alias '{ref}'")
+            raise ModelNotFound(
+                f"Request for unknown model: '{model}' version {ref} is not found: model '{model}' has no served "
+                f"version or alias '{ref}'"
+            )
         what = f"model '{model}'" + (f" version '{ref}'" if ref else "")
         raise ModelNotReady(f"{what} is not loaded yet")
 

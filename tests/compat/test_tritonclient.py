@@ -315,11 +315,11 @@ def test_missing_input_is_named(client):
 def test_unknown_model_is_a_404_with_our_message(client):
     with pytest.raises(InferenceServerException) as caught:
         client.infer("no-such-model", [infer_input("x", np.ones((1, 4), np.float32), "FP32", binary=True)])
-    assert caught.value.message() == "unknown model 'no-such-model'"
+    assert caught.value.message() == "Request for unknown model: 'no-such-model' is not found"
     assert caught.value.status() == "404"
     with pytest.raises(InferenceServerException) as caught:
         client.get_model_metadata("no-such-model")
-    assert caught.value.message() == "unknown model 'no-such-model'"
+    assert caught.value.message() == "Request for unknown model: 'no-such-model' is not found"
     with pytest.raises(InferenceServerException) as caught:
         client.get_model_config("no-such-model")
     assert caught.value.status() == "404"
@@ -328,7 +328,9 @@ def test_unknown_model_is_a_404_with_our_message(client):
 def test_unknown_version_is_a_404_naming_it(client):
     with pytest.raises(InferenceServerException) as caught:
         client.infer("adder", [infer_input("x", np.ones((1, 4), np.float32), "FP32", binary=True)], model_version="7")
-    assert caught.value.message() == "model 'adder' has no served version or alias '7'"
+    assert caught.value.message() == (
+        "Request for unknown model: 'adder' version 7 is not found: model 'adder' has no served version or alias '7'"
+    )
     assert caught.value.status() == "404"
 
 

@@ -31,6 +31,7 @@ from tests.support.onnx_compat import DATATYPES
 from tests.support.tensors import assert_same, sample
 from tests.support.v2server import LABELS, V2Server
 
+DUPLICATE_Y = "output 'y' already exists in request: each output may be asked for once"
 EXTENSIONS = [
     "binary_tensor_data",
     "classification",
@@ -301,9 +302,15 @@ def test_classification_with_labels(client):
         ("adder", [("x", (2, 4), "INT32")], None, "INVALID_ARGUMENT", "input 'x': expected datatype FP32, got INT32"),
         ("adder", [("z", (1, 4), "FP32")], None, "INVALID_ARGUMENT", "unknown input 'z'; the model takes x"),
         ("adder", [("x", (1, 4), "FP32")], ["w"], "INVALID_ARGUMENT", "unknown output 'w'; the model gives y"),
-        ("adder", [("x", (1, 4), "FP32")], ["y", "y"], "INVALID_ARGUMENT", "output 'y' appears twice"),
+        ("adder", [("x", (1, 4), "FP32")], ["y", "y"], "INVALID_ARGUMENT", DUPLICATE_Y),
         ("multi", [("a", (1, 1), "FP32")], None, "INVALID_ARGUMENT", "missing input(s): b, text"),
-        ("no-such-model", [("x", (1, 4), "FP32")], None, "NOT_FOUND", "unknown model 'no-such-model'"),
+        (
+            "no-such-model",
+            [("x", (1, 4), "FP32")],
+            None,
+            "NOT_FOUND",
+            "Request for unknown model: 'no-such-model' is not found",
+        ),
     ],
     ids=["shape", "datatype", "unknown-input", "unknown-output", "output-twice", "missing-input", "unknown-model"],
 )
@@ -320,11 +327,14 @@ def test_unknown_version_and_unknown_model_elsewhere_are_not_found(client):
     error = refused(lambda: client.infer("adder", [x_input(np.ones((1, 4), np.float32))], model_version="7"))
     assert (error.status(), error.message()) == (
         "StatusCode.NOT_FOUND",
-        "model 'adder' has no served version or alias '7'",
+        "Request for unknown model: 'adder' version 7 is not found: model 'adder' has no served version or alias '7'",
     )
     for call in (partial(client.get_model_metadata, "nope"), partial(client.get_model_config, "nope")):
         error = refused(call)
-        assert (error.status(), error.message()) == ("StatusCode.NOT_FOUND", "unknown model 'nope'")
+        assert (error.status(), error.message()) == (
+            "StatusCode.NOT_FOUND",
+            "Request for unknown model: 'nope' is not found",
+        )
 
 
 def test_bytes_that_are_not_utf8_are_refused_by_name(client):

@@ -183,11 +183,16 @@ def test_model_metadata_ready_and_config(plane, owner, admin, runtime):
 
 
 def test_unknown_models_and_refs_are_not_found_and_unloaded_ones_not_ready(plane, owner, admin, runtime, build_gate):
-    with pytest.raises(ModelNotFound, match=r"^unknown model 'nope'$"):
+    with pytest.raises(ModelNotFound, match=r"^Request for unknown model: 'nope' is not found$"):
         plane.model_metadata("nope")
-    with pytest.raises(ModelNotFound, match=r"^model 'demo' has no served version or alias 'staging'$"):
+    with pytest.raises(
+        ModelNotFound,
+        match=r"^Request for unknown model: 'demo' version staging is not found: model 'demo' has no served ",
+    ):
         plane.model_ready("demo", "staging")
-    with pytest.raises(ModelNotFound, match=r"^model 'demo' has no served version or alias '2'$"):
+    with pytest.raises(
+        ModelNotFound, match=r"^Request for unknown model: 'demo' version 2 is not found: model 'demo' has no served "
+    ):
         plane.model_config("demo", "2")
 
     # staging is served and points to v2, whose session is still being built: meant to be served, not loaded.
