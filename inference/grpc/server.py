@@ -11,8 +11,9 @@ on the event loop that serves /v2, so both transports share each version's batch
 - A client's deadline bounds its request's time in the batcher's queue (``DEADLINE_EXCEEDED``), and
   a call the client cancels is dropped from the queue.
 - ``ModelStreamInfer`` runs up to ``MODELYARD_GRPC_STREAM_CONCURRENCY`` requests of one stream at
-  once and answers each as it completes; a refused request answers with ``error_message`` and the
-  stream goes on.
+  once and answers each as it completes, a request holding its place until its answer is written (so
+  a client that does not read is held back); a refused request answers with ``error_message`` and
+  the stream goes on.
 - Retryable refusals carry ``retry-after`` trailing metadata (seconds), as REST's ``Retry-After``.
 """
 
@@ -237,6 +238,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Up to ``MODELYARD_GRPC_STREAM_CONCURRENCY`` requests at once, each answered as it completes.
+
+        A request holds its place until its answer is written, not only until it is computed: a
+        client that does not read its answers stops the stream taking requests (HTTP/2 flow control
+        then holds the client back), so the answers held per stream are bounded by the setting.
+        """
         try:
             await self._authorise(context)
         except InferenceError as exc:
@@ -251,15 +258,16 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 answer = pb.ModelStreamInferResponse(
                     error_message=exc.message, infer_response=pb.ModelInferResponse(id=request.id)
                 )
-            finally:
-                slots.release()
-            answers.put_nowait(answer)
+            except BaseException:
+                slots.release()  # no answer will be written for it
+                raise
+            answers.put_nowait(answer)  # its place is freed once the answer is written, below
 
         async def read() -> None:
             running: set[asyncio.Task[None]] = set()
             try:
                 async for request in request_iterator:
-                    await slots.acquire()  # at most so many in flight: the client waits, by flow control
+                    await slots.acquire()  # at most so many computing or waiting to be written
                     task = asyncio.ensure_future(one(request))
                     running.add(task)
                     task.add_done_callback(running.discard)
@@ -273,7 +281,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         reader = asyncio.ensure_future(read())
         try:
             while (answer := await answers.get()) is not None:
-                yield answer
+                yield answer  # returns once gRPC has taken it, which waits for the client's flow control
+                slots.release()
             await reader  # raises what broke the reading, if anything
         finally:
             reader.cancel()
