@@ -75,7 +75,7 @@ def test_a_malformed_message_in_a_stream_is_answered_and_the_stream_goes_on(v2: 
         stream = channel.stream_stream(
             f"{SERVICE}/ModelStreamInfer", response_deserializer=pb.ModelStreamInferResponse.FromString
         )
-        first, second = stream(iter([GARBAGE, adder_request(x).SerializeToString()]))
+        first, second = stream(iter([GARBAGE, adder_request(x).SerializeToString()]), timeout=60)
     assert first.error_message == MALFORMED.format("ModelInferRequest", "ModelInferRequest")
     assert second.error_message == ""
     assert second.infer_response.id == "valid"

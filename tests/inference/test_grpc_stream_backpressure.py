@@ -70,10 +70,7 @@ def test_a_stream_whose_answers_are_never_read_holds_the_server_to_its_concurren
     create_model(owner)
     upload_versions(owner, [1.0])
     promote(owner, approver, 1)
-    server = start_server(
-        "stream-unread",
-        extra_env={"MODELYARD_GRPC_STREAM_CONCURRENCY": str(CONCURRENCY), "MODELYARD_LOG_LEVEL": "INFO"},
-    )
+    server = start_server("stream-unread", extra_env={"MODELYARD_GRPC_STREAM_CONCURRENCY": str(CONCURRENCY)})
     url = f"127.0.0.1:{server.grpc_port}"
 
     def served() -> bool:  # also the warm-up: the server has handled requests of this size before it is measured
@@ -91,7 +88,7 @@ def test_a_stream_whose_answers_are_never_read_holds_the_server_to_its_concurren
     pusher = Pusher()
     options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
     with grpc.insecure_channel(url, options=options) as channel:
-        answers = pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter(pusher))
+        answers = pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter(pusher), timeout=300)
         # Read nothing; watch the server while the client pushes. It stops when every request is
         # taken, or when the count has stood still for 3 s: then flow control holds the client.
         peak, last, still_since = before, -1, time.monotonic()
