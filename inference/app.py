@@ -32,6 +32,7 @@ from inference.errors import (
     BodyTooLarge,
     ClientGone,
     DeviceFailed,
+    Forbidden,
     InferenceError,
     InferenceFailed,
     InvalidInput,
@@ -45,7 +46,14 @@ from inference.errors import (
     Unauthorised,
     UnsupportedEncoding,
 )
-from inference.protocol import HEADER_LENGTH, BodyDecoder, BodyLimit, decode_request, encode_response
+from inference.protocol import (
+    HEADER_LENGTH,
+    NESTED_TOO_DEEPLY,
+    BodyDecoder,
+    BodyLimit,
+    decode_request,
+    encode_response,
+)
 from inference.runtime import InferenceRuntime, LoadedVersion
 from modelyard import metrics as exposition
 from registry import serving
@@ -60,6 +68,7 @@ STATUS: dict[type[InferenceError], tuple[int, bool]] = {
     InferenceFailed: (400, False),
     RepositoryReadOnly: (400, False),
     Unauthorised: (401, False),
+    Forbidden: (403, False),
     ModelNotFound: (404, False),
     BodyTimeout: (408, False),
     BodyTooLarge: (413, False),
@@ -178,7 +187,7 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
         except MemoryError:
             response = error_response(OutOfMemory(OUT_OF_MEMORY))
         except RecursionError:  # e.g. an error message that quotes a deeply nested value
-            response = error_response(InvalidInput("the request JSON is nested too deeply"))
+            response = error_response(InvalidInput(NESTED_TOO_DEEPLY))
         # Labels are bounded: a loaded version's own, else a model this process serves, else "_unknown".
         counted = (
             answered[0].metrics if answered else metrics.unrouted(plane.metrics_model(request.path_params["model"]))
@@ -199,7 +208,9 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
         except InferenceError as exc:
             return error_response(exc, close=True)
         try:
-            decoded = decode_request(body, request.headers.get(HEADER_LENGTH), served.spec.signature)
+            decoded = decode_request(
+                body, request.headers.get(HEADER_LENGTH), served.spec.signature, model=served.spec.model
+            )
             result = await plane.infer(model, ref, decoded, client_gone=_client_gone(request))
         except InferenceError as exc:
             return error_response(exc)

@@ -30,6 +30,7 @@ from inference.auth import TokenCache, token_key
 from inference.classification import classify
 from inference.errors import (
     ClientGone,
+    Forbidden,
     InferenceError,
     InvalidInput,
     ModelNotFound,
@@ -46,6 +47,7 @@ from inference.runtime import InferenceRuntime, LoadedVersion, NotLoaded
 from inference.sessions import GPU_PROVIDERS
 from inference.text import TEXT_INPUT
 from inference.throttle import Throttle, retry_after
+from registry.serving import InferenceAccess
 
 PLATFORM = "onnxruntime_onnx"
 # Only what is served: the repository extension's index answers, its load and unload refuse (models
@@ -59,6 +61,7 @@ EXTENSIONS = [
     "statistics",
 ]
 NEEDS_TOKEN = "a bearer token with the inference role is required"
+NEEDS_ROLE = "inference needs the inference or admin role, and this token's user has neither"
 OUT_OF_MEMORY = "the server has not enough memory for this request now; retry later or send a smaller one"
 RELOADING = "the model is being reloaded; retry"
 # The repository index's states, as Triton names them, for each load state of the fleet report.
@@ -117,14 +120,18 @@ class DataPlane:
 
     # --- refusals before a request body is read ----------------------------------------------------
 
-    async def token_allowed(self, token: str) -> bool:
-        """Whether a bearer token has the inference role (admins have every role); cached, see ``inference.auth``."""
+    async def token_access(self, token: str) -> InferenceAccess:
+        """What a bearer token may do here; cached, see ``inference.auth``."""
         if not token:
-            return False
+            return InferenceAccess.REFUSED
         verdict = self.tokens.cached(token)
         if verdict is None:
             verdict = await anyio.to_thread.run_sync(self.tokens.check, token)
         return verdict
+
+    async def token_allowed(self, token: str) -> bool:
+        """Whether a bearer token has the inference role (admins have every role)."""
+        return await self.token_access(token) is InferenceAccess.ALLOWED
 
     @property
     def needs_token(self) -> bool:
@@ -132,9 +139,14 @@ class DataPlane:
         return not settings.INFERENCE_PUBLIC
 
     async def authorise(self, token: str) -> None:
-        """Raise :class:`Unauthorised` unless /v2 is public or the token may infer."""
-        if not settings.INFERENCE_PUBLIC and not await self.token_allowed(token):
+        """Unless /v2 is public: :class:`Unauthorised` without a valid token, :class:`Forbidden` without the role."""
+        if settings.INFERENCE_PUBLIC:
+            return
+        access = await self.token_access(token)
+        if access is InferenceAccess.REFUSED:
             raise Unauthorised(NEEDS_TOKEN)
+        if access is InferenceAccess.NO_ROLE:
+            raise Forbidden(NEEDS_ROLE)
 
     def throttle(self, *, token: str, address: str) -> None:
         """Take one request from the client's bucket (``MODELYARD_V2_RATE``, read per request so it can change).
@@ -165,10 +177,14 @@ class DataPlane:
         if loaded is not None:
             return loaded
         runtime = self.runtime
+        # Triton's words: its clients test that the message starts with "Request for unknown model".
         if model not in runtime.router.table and model not in runtime.known_models():
-            raise ModelNotFound(f"unknown model '{model}'")
+            raise ModelNotFound(f"Request for unknown model: '{model}' is not found")
         if ref is not None and ref not in runtime.known_refs(model):
-            raise ModelNotFound(f"model '{model}' has no served version or alias '{ref}'")
+            raise ModelNotFound(
+                f"Request for unknown model: '{model}' version {ref} is not found: model '{model}' has no served "
+                f"version or alias '{ref}'"
+            )
         what = f"model '{model}'" + (f" version '{ref}'" if ref else "")
         raise ModelNotReady(f"{what} is not loaded yet")
 

@@ -17,7 +17,11 @@ class InferenceError(Exception):
 
 
 class Unauthorised(InferenceError):
-    """No token with the role the request needs."""
+    """No valid token: none sent, or one that is unknown, revoked or expired."""
+
+
+class Forbidden(InferenceError):
+    """A valid token whose user lacks the role the request needs."""
 
 
 class RateLimited(InferenceError):

@@ -26,6 +26,10 @@ from registry.serving import NUMPY_OF, TEXT_INPUT, TOKENIZER_FILE
 HEADER_LENGTH = "inference-header-content-length"
 MAX_ELEMENTS = 1 << 31
 MAX_UINT64 = (1 << 64) - 1  # Triton's priority and timeout are uint64
+MAX_INT64 = (1 << 63) - 1  # Triton's largest element count and byte size
+MAX_DATA_DEPTH = 64  # numpy's most dimensions: JSON data nested deeper cannot be an array
+# Triton's words where it has them, so that clients which compare error texts read ours as its own.
+NESTED_TOO_DEEPLY = "JSON nesting depth exceeds maximum allowed limit: the request JSON is nested too deeply"
 
 # How JSON (which has none) spells the non-finite floats, by Python's repr: the proto3 JSON mapping's names.
 _NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
@@ -190,7 +194,7 @@ def split_body(body: bytes | bytearray, header_length: str | None) -> tuple[dict
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"the request is not valid JSON: {exc}") from exc
     except RecursionError:
-        raise InvalidInput("the request JSON is nested too deeply") from None
+        raise InvalidInput(NESTED_TOO_DEEPLY) from None
     if not isinstance(header, dict):
         raise InvalidInput("the request must be a JSON object")
     return header, binary
@@ -215,7 +219,8 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
     return json.loads(bytes(data) if isinstance(data, memoryview) else data)
 
 
-def _shape(name: str, shape: Any) -> list[int]:
+def _shape(name: str, shape: Any, itemsize: int) -> list[int]:
+    """A valid shape for ``name``; ``itemsize`` is its datatype's bytes per element (0 for BYTES)."""
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
         raise InvalidInput(f"input '{name}': shape must be a list of integers, got {shape!r}")
     if any(d < 0 for d in shape):
@@ -224,8 +229,18 @@ def _shape(name: str, shape: Any) -> list[int]:
         count = 1
         for d in shape:
             count *= d
-            if count > MAX_ELEMENTS:
-                raise InvalidInput(f"input '{name}': shape {shape} has more than {MAX_ELEMENTS} elements")
+            if count > MAX_INT64:  # stop here: a long list of huge dimensions makes a huge integer
+                break
+        if count <= MAX_INT64 and count * itemsize > MAX_INT64:  # as Triton words it
+            raise InvalidInput(
+                f"byte size overflow for input '{name}': element count ({count}) * data type size ({itemsize}) "
+                f"exceeds maximum allowed size ({MAX_INT64})"
+            )
+        if count > MAX_ELEMENTS:
+            raise InvalidInput(
+                f"invalid shape for input '{name}': shape {shape} causes total element count to exceed maximum size "
+                f"of {MAX_ELEMENTS}"
+            )
     if any(d > MAX_ELEMENTS for d in shape):  # even beside a 0, numpy cannot shape an array like that
         raise InvalidInput(f"input '{name}': shape {shape} has a dimension larger than {MAX_ELEMENTS}")
     return shape
@@ -270,6 +285,14 @@ def string_array(name: str, values: list[Any]) -> np.ndarray:
 def _from_json_data(name: str, datatype: str, data: Any, count: int) -> np.ndarray:
     if data is None:
         raise InvalidInput(f"input '{name}' has neither 'data' nor parameters.binary_data_size")
+    depth, first = 0, data
+    while isinstance(first, list) and first:  # along the first elements: numpy refuses a ragged rest itself
+        depth, first = depth + 1, first[0]
+    if depth > MAX_DATA_DEPTH:
+        raise InvalidInput(
+            f"JSON nesting depth exceeds maximum allowed limit ({MAX_DATA_DEPTH}): input '{name}': data is nested "
+            f"{depth} deep, and a tensor has at most {MAX_DATA_DEPTH} dimensions"
+        )
     if datatype == "BYTES":
         array = string_array(name, list(np.asarray(data, dtype=object).reshape(-1)))
     else:
@@ -334,12 +357,12 @@ def check_input(
             )
         raise InvalidInput(f"unknown input '{name}'; the model takes {', '.join(sorted(expected)) or 'none'}")
     if name in seen:
-        raise InvalidInput(f"input '{name}' appears twice")
+        raise InvalidInput(f"input '{name}' already exists in request: each input may be sent once")
     if not isinstance(datatype, str) or datatype not in NUMPY_OF:
         raise InvalidInput(f"input '{name}': unknown datatype {datatype!r}")
     if datatype != spec["datatype"]:
         raise InvalidInput(f"input '{name}': expected datatype {spec['datatype']}, got {datatype}")
-    shape = _shape(name, shape)
+    shape = _shape(name, shape, 0 if datatype == "BYTES" else np.dtype(NUMPY_OF[datatype]).itemsize)
     want = spec.get("shape")
     if "tokenizer" in spec and want is not None and len(shape) == len(want) + 1 and shape[-1] == 1:
         want = [*want, 1]  # texts as [n, 1] too: the way a batching client shapes one string per row
@@ -394,7 +417,7 @@ def check_outputs(
         if not isinstance(name, str) or name not in datatypes:
             raise InvalidInput(f"unknown output {name!r}; the model gives {', '.join(datatypes)}")
         if name in outputs:
-            raise InvalidInput(f"output '{name}' appears twice")
+            raise InvalidInput(f"output '{name}' already exists in request: each output may be asked for once")
         outputs.append(name)
         count = parameters.get("classification")
         if count is not None:
@@ -420,10 +443,15 @@ def check_scheduling(priority: Any, timeout: Any) -> tuple[int, int | None]:
 # --- The REST body ---------------------------------------------------------------------------------------------
 
 
-def decode_request(body: bytes | bytearray, header_length: str | None, signature: dict[str, Any]) -> InferRequest:
-    """A /v2 request body (JSON, JSON followed by binary tensors, or one raw tensor) checked against ``signature``."""
+def decode_request(
+    body: bytes | bytearray, header_length: str | None, signature: dict[str, Any], *, model: str = ""
+) -> InferRequest:
+    """A /v2 request body (JSON, JSON followed by binary tensors, or one raw tensor) checked against ``signature``.
+
+    ``model``, the model's name, is for the messages that Triton words with it.
+    """
     if header_length is not None and header_length.strip() == "0":
-        return decode_raw_request(body, signature)
+        return decode_raw_request(body, signature, model=model)
     header, binary = split_body(body, header_length)
     expected = expected_inputs(signature)
     raw_inputs = header.get("inputs")
@@ -495,7 +523,7 @@ def decode_request(body: bytes | bytearray, header_length: str | None, signature
 RAW_REQUEST = "a raw binary request (Inference-Header-Content-Length: 0)"
 
 
-def decode_raw_request(body: bytes | bytearray, signature: dict[str, Any]) -> InferRequest:
+def decode_raw_request(body: bytes | bytearray, signature: dict[str, Any], *, model: str = "") -> InferRequest:
     """Triton's raw binary request: the body is the data of the model's one input, with no JSON header.
 
     The shape is the input's own (batch-1 for a batching model), its one dynamic dimension, if any,
@@ -504,8 +532,10 @@ def decode_raw_request(body: bytes | bytearray, signature: dict[str, Any]) -> In
     """
     inputs = signature.get("inputs", [])
     if len(inputs) != 1:
+        configuration = f"'{model}' model configuration" if model else "the model configuration"
         raise InvalidInput(
-            f"{RAW_REQUEST} needs a model with exactly one input; this one takes {len(inputs)} "
+            f"Raw request must only have 1 input (found 1) to be deduced but got {len(inputs)} inputs in "
+            f"{configuration}: {RAW_REQUEST} needs a model with exactly one input; this one takes {len(inputs)} "
             f"({', '.join(spec['name'] for spec in inputs)}): send a JSON header with the inputs described"
         )
     spec = inputs[0]
@@ -515,14 +545,16 @@ def decode_raw_request(body: bytes | bytearray, signature: dict[str, Any]) -> In
     if datatype == "BYTES":
         if dynamic or int(np.prod(shape)) != 1:
             raise InvalidInput(
-                f"{RAW_REQUEST} of BYTES needs an input of one element (shape [1]); input '{name}' has shape {dims}"
+                f"For BYTE datatype raw input '{name}', the model must have input shape [1]: {RAW_REQUEST} of BYTES "
+                f"needs an input of one element; input '{name}' has shape {dims}"
             )
         array = string_array(name, [bytes(body)]).reshape(shape)
     else:
         if len(dynamic) > 1:
             raise InvalidInput(
-                f"{RAW_REQUEST}: the shape of input '{name}' {dims} cannot be deduced from the body's size, as it "
-                "has more than one dynamic dimension; send a JSON header with the shape"
+                f"The shape of the raw input '{name}' can not be deduced because there are more than one "
+                f"variable-sized dimension: {RAW_REQUEST}: the shape of input '{name}' {dims} cannot be deduced from "
+                "the body's size; send a JSON header with the shape"
             )
         itemsize = np.dtype(NUMPY_OF[datatype]).itemsize
         known = int(np.prod([d for d in shape if d >= 0])) * itemsize

@@ -287,9 +287,10 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "registry.auth.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
+        "registry.auth.AddressCount",  # last: counts requests without credentials per address (registry.throttling)
     ],
     "DEFAULT_PERMISSION_CLASSES": ["registry.permissions.ReadAuthenticatedWriteMaintainer"],
-    "DEFAULT_THROTTLE_CLASSES": ["registry.throttling.TokenRateThrottle", "registry.throttling.ClientAddressThrottle"],
+    "DEFAULT_THROTTLE_CLASSES": ["registry.throttling.TokenRateThrottle"],
     "DEFAULT_PARSER_CLASSES": [
         "registry.api.parsers.JSONParser",
         "rest_framework.parsers.FormParser",

@@ -102,6 +102,20 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
         return self.keyword
 
 
+class AddressCount(authentication.BaseAuthentication):
+    """The last authenticator, reached only by a request without credentials: counts it against its address.
+
+    DRF asks the permissions before the throttles, so a throttle never sees a request that a
+    permission refuses for want of credentials (401), and such requests went unlimited. Counted
+    here, before any permission, it is refused with 429 past ``MODELYARD_API_RATE_ANON``. A bad
+    token is counted by :class:`BearerTokenAuthentication`; a valid token or session never gets here.
+    """
+
+    def authenticate(self, request: Request) -> None:
+        ClientAddressThrottle().consume(f"ip:{client_address(request)}")
+        return None
+
+
 def user_roles(user: Any) -> set[str]:
     if user is None or isinstance(user, AnonymousUser) or not user.is_authenticated:
         return set()

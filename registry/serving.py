@@ -9,7 +9,7 @@ crosses the seam are typed, frozen rows, never ORM objects or dicts read back by
   definition of "online" (:func:`offline_after`);
 - the laggards of ``PUT alias?wait=``: online workers that do not serve a version yet
   (:func:`fleet_laggards`, :func:`fleet_wait`);
-- the token check of ``/v2`` (:func:`token_may_infer`);
+- the token check of ``/v2`` (:func:`token_inference_access`, :func:`token_may_infer`);
 - benchmarks: the providers the fleet serves with (:func:`fleet_providers`), and the jobs an
   inference process takes for its provider, measures in a bounded child and writes back
   (``benchmark_claim``, ``benchmark_measure``, ``benchmark_record`` from ``registry/benchmarks.py``);
@@ -22,6 +22,7 @@ Everything here that touches the database blocks: the data plane calls it from w
 
 from __future__ import annotations
 
+import enum
 import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
@@ -55,6 +56,7 @@ __all__ = [
     "DesiredState",
     "DeviceRow",
     "FleetWorker",
+    "InferenceAccess",
     "Laggard",
     "LoadState",
     "LoadedRow",
@@ -80,6 +82,7 @@ __all__ = [
     "offline_after",
     "pad_encodings",
     "synthetic_inputs",
+    "token_inference_access",
     "token_may_infer",
     "token_shaped",
     "worker_heartbeat",
@@ -482,14 +485,29 @@ def token_shaped(raw: str) -> bool:
     return split_token(raw) is not None
 
 
+class InferenceAccess(enum.Enum):
+    """What a bearer token may do on ``/v2``: the one verdict both the 401 and the 403 come from."""
+
+    ALLOWED = "allowed"  # a live token whose user has the inference role (admins have every role)
+    NO_ROLE = "no-role"  # a live token whose user lacks the role: known, but refused (403)
+    REFUSED = "refused"  # no such token, revoked, expired, or its user inactive (401)
+
+
+def token_inference_access(raw: str) -> InferenceAccess:
+    """What this bearer token may do on ``/v2``. Blocking: it queries the database."""
+    token = authenticate_token(raw)
+    if token is None:
+        return InferenceAccess.REFUSED
+    return InferenceAccess.ALLOWED if has_role(token.user, Role.INFERENCE) else InferenceAccess.NO_ROLE
+
+
 def token_may_infer(raw: str) -> bool:
     """May this bearer token call ``/v2``? Blocking: it queries the database.
 
     Yes for a live token (not revoked, not expired, its user active) with the inference role;
     admins have every role.
     """
-    token = authenticate_token(raw)
-    return token is not None and has_role(token.user, Role.INFERENCE)
+    return token_inference_access(raw) is InferenceAccess.ALLOWED
 
 
 # --- Alias changes -----------------------------------------------------------------------------------

@@ -1,5 +1,8 @@
 """Request rate limits for the registry API: per token (or browser session), and per client address.
 
+Requests without valid credentials are counted per address while they are authenticated
+(``registry.auth``), so that the permission that refuses them (401) cannot skip the count.
+
 Counts are fixed one-period windows kept in Django's cache with an atomic increment, so every
 server process sharing a Redis cache counts together (DRF's own throttles read, append and write
 back a list, which loses counts between processes). A window allows at most twice the rate across
@@ -111,13 +114,13 @@ class TokenRateThrottle(_WindowThrottle):
 
 
 class ClientAddressThrottle(_WindowThrottle):
-    """Callers without valid credentials, counted per client address (bad tokens count here too)."""
+    """Callers without valid credentials, counted per client address as they are authenticated.
+
+    Not a DRF throttle class: DRF runs those after the permissions, which refuse a request without
+    credentials first. ``registry.auth`` counts a bad token (``BearerTokenAuthentication``) and a
+    request with no credentials at all (``AddressCount``) with :meth:`consume`.
+    """
 
     scope = "anon"
     setting = "API_RATE_ANON"
     per = "per client address without valid credentials"
-
-    def identity(self, request: Any) -> str | None:
-        if request.user.is_authenticated:
-            return None
-        return f"ip:{client_address(request)}"

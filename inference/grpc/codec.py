@@ -9,10 +9,12 @@ typed otherwise, unless an output is FP16, which has no typed field: then every 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 
 from inference.dataplane import InferResult
 from inference.errors import InvalidInput
@@ -46,6 +48,31 @@ CONTENTS = {
     "FP64": "fp64_contents",
     "BYTES": "bytes_contents",
 }
+
+
+class Malformed:
+    """A request message that does not parse: its RPC answers ``INVALID_ARGUMENT`` with ``message``.
+
+    gRPC itself would answer ``UNKNOWN`` with the exception and log its traceback, for every such
+    message and before the servicer could check the token.
+    """
+
+    __slots__ = ("message",)
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+
+
+def parser(message_class: Any) -> Callable[[bytes], Any]:
+    """A request deserializer that never raises: the message, or :class:`Malformed` saying why not."""
+
+    def parse(raw: bytes) -> Any:
+        try:
+            return message_class.FromString(raw)
+        except DecodeError as exc:
+            return Malformed(f"the {message_class.DESCRIPTOR.name} message is malformed: {exc}")
+
+    return parse
 
 
 def parameter(value: pb.InferParameter) -> Any:

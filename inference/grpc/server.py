@@ -11,9 +11,12 @@ on the event loop that serves /v2, so both transports share each version's batch
 - A client's deadline bounds its request's time in the batcher's queue (``DEADLINE_EXCEEDED``), and
   a call the client cancels is dropped from the queue.
 - ``ModelStreamInfer`` runs up to ``MODELYARD_GRPC_STREAM_CONCURRENCY`` requests of one stream at
-  once and answers each as it completes; a refused request answers with ``error_message`` and the
-  stream goes on.
+  once and answers each as it completes, a request holding its place until its answer is written (so
+  a client that does not read is held back); a refused request answers with ``error_message`` and
+  the stream goes on.
 - Retryable refusals carry ``retry-after`` trailing metadata (seconds), as REST's ``Retry-After``.
+- A message that does not parse is ``INVALID_ARGUMENT`` (in a stream, an ``error_message``) with one
+  INFO log line, after the token check (``add_to_server``, ``inference.grpc.codec.Malformed``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
 
 import grpc
@@ -35,6 +38,7 @@ from inference.errors import (
     BodyTooLarge,
     ClientGone,
     DeviceFailed,
+    Forbidden,
     InferenceError,
     InferenceFailed,
     InvalidInput,
@@ -50,11 +54,11 @@ from inference.errors import (
 )
 from inference.grpc import grpc_service_pb2 as pb
 from inference.grpc import grpc_service_pb2_grpc as pb_grpc
-from inference.grpc.codec import decode_infer_request, encode_infer_response, message_from_json
+from inference.grpc.codec import Malformed, decode_infer_request, encode_infer_response, message_from_json, parser
 from inference.runtime import LoadedVersion
 from registry import serving
 
-__all__ = ["STATUS", "GrpcServer", "GrpcUnavailable", "InferenceServicer", "status_for"]
+__all__ = ["STATUS", "GrpcServer", "GrpcUnavailable", "InferenceServicer", "add_to_server", "status_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +69,7 @@ STATUS: dict[type[InferenceError], tuple[grpc.StatusCode, bool]] = {
     UnsupportedEncoding: (grpc.StatusCode.INVALID_ARGUMENT, False),
     RepositoryReadOnly: (grpc.StatusCode.FAILED_PRECONDITION, False),
     Unauthorised: (grpc.StatusCode.UNAUTHENTICATED, False),
+    Forbidden: (grpc.StatusCode.PERMISSION_DENIED, False),
     ModelNotFound: (grpc.StatusCode.NOT_FOUND, False),
     BodyTooLarge: (grpc.StatusCode.RESOURCE_EXHAUSTED, False),
     RateLimited: (grpc.StatusCode.RESOURCE_EXHAUSTED, True),
@@ -102,11 +107,36 @@ def _peer_address(context: grpc.aio.ServicerContext) -> str:
     return address.strip("[]")
 
 
+Rpc = Callable[[Any, Any], Awaitable[Any]]
+OPEN_RPCS = frozenset({"ServerLive", "ServerReady", "ServerMetadata"})  # health and server metadata need no token
+
+
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """The RPCs of ``inference.GRPCInferenceService``, a few lines each around the data plane."""
 
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
+
+    def checked(self, name: str) -> Rpc:
+        """The unary RPC ``name``, which refuses a :class:`Malformed` request before it runs."""
+        rpc: Rpc = getattr(self, name)
+
+        async def checked_rpc(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, Malformed):
+                await self._refuse_malformed(name, request, context)
+            return await rpc(request, context)
+
+        return checked_rpc
+
+    async def _refuse_malformed(self, name: str, request: Malformed, context: grpc.aio.ServicerContext) -> NoReturn:
+        """The token first, as for any request (a stranger's garbage is refused without a log line); then one line."""
+        try:
+            if name not in OPEN_RPCS:
+                await self._authorise(context)
+        except InferenceError as exc:
+            await self._refuse(context, exc)
+        logger.info("gRPC %s from %s: %s", name, context.peer(), request.message)
+        await self._refuse(context, InvalidInput(request.message))
 
     async def _refuse(self, context: grpc.aio.ServicerContext, exc: InferenceError) -> NoReturn:
         code, retry = status_for(exc)
@@ -235,6 +265,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Up to ``MODELYARD_GRPC_STREAM_CONCURRENCY`` requests at once, each answered as it completes.
+
+        A request holds its place until its answer is written, not only until it is computed: a
+        client that does not read its answers stops the stream taking requests (HTTP/2 flow control
+        then holds the client back), so the answers held per stream are bounded by the setting.
+        """
         try:
             await self._authorise(context)
         except InferenceError as exc:
@@ -242,22 +278,27 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         answers: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
         slots = asyncio.Semaphore(settings.GRPC_STREAM_CONCURRENCY)
 
-        async def one(request: pb.ModelInferRequest) -> None:
+        async def one(request: pb.ModelInferRequest | Malformed) -> None:
             try:
+                if isinstance(request, Malformed):  # answered in the stream, which goes on
+                    logger.info("gRPC ModelStreamInfer from %s: %s", context.peer(), request.message)
+                    raise InvalidInput(request.message)
                 answer = pb.ModelStreamInferResponse(infer_response=await self._infer(request, context))
             except InferenceError as exc:
                 answer = pb.ModelStreamInferResponse(
-                    error_message=exc.message, infer_response=pb.ModelInferResponse(id=request.id)
+                    error_message=exc.message,
+                    infer_response=pb.ModelInferResponse(id="" if isinstance(request, Malformed) else request.id),
                 )
-            finally:
-                slots.release()
-            answers.put_nowait(answer)
+            except BaseException:
+                slots.release()  # no answer will be written for it
+                raise
+            answers.put_nowait(answer)  # its place is freed once the answer is written, below
 
         async def read() -> None:
             running: set[asyncio.Task[None]] = set()
             try:
                 async for request in request_iterator:
-                    await slots.acquire()  # at most so many in flight: the client waits, by flow control
+                    await slots.acquire()  # at most so many computing or waiting to be written
                     task = asyncio.ensure_future(one(request))
                     running.add(task)
                     task.add_done_callback(running.discard)
@@ -271,7 +312,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         reader = asyncio.ensure_future(read())
         try:
             while (answer := await answers.get()) is not None:
-                yield answer
+                yield answer  # returns once gRPC has taken it, which waits for the client's flow control
+                slots.release()
             await reader  # raises what broke the reading, if anything
         finally:
             reader.cancel()
@@ -338,7 +380,7 @@ class GrpcServer:
                 ("grpc.so_reuseport", 1 if self.reuse_port else 0),
             ]
         )
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.plane), server)
+        add_to_server(InferenceServicer(self.plane), server)
         try:
             port = server.add_insecure_port(self.address)
         except RuntimeError:
@@ -358,3 +400,24 @@ class GrpcServer:
         if self._server is not None:
             await self._server.stop(grace)
             self._server = None
+
+
+def add_to_server(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+    """Serve ``servicer`` as the generated ``add_GRPCInferenceServiceServicer_to_server`` would, but with
+    request deserializers that never raise: a message that does not parse reaches the servicer as
+    :class:`Malformed` (a unary RPC refuses it in :meth:`InferenceServicer.checked`, the stream answers it).
+    """
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers = {}
+    for method in service.methods:
+        parse = parser(getattr(pb, method.input_type.name))
+        serialize = getattr(pb, method.output_type.name).SerializeToString
+        if method.client_streaming and method.server_streaming:
+            stream = getattr(servicer, method.name)
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(stream, parse, serialize)
+        elif not method.client_streaming and not method.server_streaming:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(servicer.checked(method.name), parse, serialize)
+        else:
+            raise TypeError(f"{method.full_name}: only unary and bidirectional-stream RPCs are served")
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)

@@ -125,7 +125,8 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
         header(x((1 << 40, 4), data=[1, 2, 3, 4])),
         {},
         400,
-        "input 'x': shape [1099511627776, 4] has more than 2147483648 elements",
+        "invalid shape for input 'x': shape [1099511627776, 4] causes total element count to exceed maximum size "
+        "of 2147483648",
     ),
     (
         "huge-dimension-beside-a-zero",
@@ -188,7 +189,7 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
         header(x(data=[1, 2, 3, 4]), x(data=[1, 2, 3, 4])),
         {},
         400,
-        "input 'x' appears twice",
+        "input 'x' already exists in request: each input may be sent once",
     ),
     ("no-data", ADDER, header(x()), {}, 400, "input 'x' has neither 'data' nor parameters.binary_data_size"),
     (
@@ -323,7 +324,7 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
         header(x(data=[1, 2, 3, 4])),
         {},
         404,
-        "unknown model 'nope'",
+        "Request for unknown model: 'nope' is not found",
     ),
     (
         "unknown-version",
@@ -331,7 +332,7 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
         header(x(data=[1, 2, 3, 4])),
         {},
         404,
-        "model 'adder' has no served version or alias '3'",
+        "Request for unknown model: 'adder' version 3 is not found: model 'adder' has no served version or alias '3'",
     ),
 ]
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from inference.app import OUT_OF_MEMORY
+from inference.protocol import NESTED_TOO_DEEPLY
 from tests.support.rawhttp import read_response, send_chunked, send_head
 from tests.support.v2server import V2Server
 
@@ -48,7 +49,7 @@ def test_unknown_model_answers_404_without_reading_a_huge_chunked_body(v2: V2Ser
     sock = send_chunked(v2.port, "/v2/models/nope/infer", {}, [b"x" * 65536] * 256, end=False)
     status, headers, body = read_response(sock)
     assert status == 404
-    assert json.loads(body) == {"error": "unknown model 'nope'"}
+    assert json.loads(body) == {"error": "Request for unknown model: 'nope' is not found"}
     assert headers["connection"] == "close"
 
 
@@ -185,7 +186,7 @@ def test_bytes_elements_past_the_shape_stop_the_decoding(v2: V2Server):
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        (b'{"inputs": ' + b"[" * 1000 + b"]" * 1000 + b"}", "the request JSON is nested too deeply"),
+        (b'{"inputs": ' + b"[" * 1000 + b"]" * 1000 + b"}", NESTED_TOO_DEEPLY),
         (b'{"id": ' + b"[" * 500 + b"]" * 500 + b', "inputs": []}', "the request needs a non-empty 'inputs' list"),
         (
             b'{"id": '

@@ -60,8 +60,9 @@ def test_a_raw_binary_request_of_bytes_is_one_element(v2: V2Server):
         (
             "/v2/models/multi/infer",
             b"\x00" * 16,
-            "a raw binary request (Inference-Header-Content-Length: 0) needs a model with exactly one input; this "
-            "one takes 3 (a, b, text): send a JSON header with the inputs described",
+            "Raw request must only have 1 input (found 1) to be deduced but got 3 inputs in 'multi' model "
+            "configuration: a raw binary request (Inference-Header-Content-Length: 0) needs a model with exactly one "
+            "input; this one takes 3 (a, b, text): send a JSON header with the inputs described",
         ),
         (
             "/v2/models/adder/infer",
@@ -71,8 +72,9 @@ def test_a_raw_binary_request_of_bytes_is_one_element(v2: V2Server):
         (
             "/v2/models/strings/infer",
             b"12",
-            "a raw binary request (Inference-Header-Content-Length: 0) of BYTES needs an input of one element "
-            "(shape [1]); input 'text' has shape [-1, 2]",
+            "For BYTE datatype raw input 'text', the model must have input shape [1]: a raw binary request "
+            "(Inference-Header-Content-Length: 0) of BYTES needs an input of one element; input 'text' has shape "
+            "[-1, 2]",
         ),
     ],
     ids=["several-inputs", "size", "bytes-not-one-element"],
@@ -97,8 +99,9 @@ def test_a_raw_binary_request_deduces_one_dynamic_dimension_from_its_size():
     with pytest.raises(InvalidInput) as caught:
         decode_request(data, "0", raw_signature([-1, -1, -1]))
     assert caught.value.message == (
-        "a raw binary request (Inference-Header-Content-Length: 0): the shape of input 'x' [-1, -1, -1] cannot be "
-        "deduced from the body's size, as it has more than one dynamic dimension; send a JSON header with the shape"
+        "The shape of the raw input 'x' can not be deduced because there are more than one variable-sized "
+        "dimension: a raw binary request (Inference-Header-Content-Length: 0): the shape of input 'x' [-1, -1, -1] "
+        "cannot be deduced from the body's size; send a JSON header with the shape"
     )
     with pytest.raises(InvalidInput) as caught:
         decode_request(data[:5], "0", raw_signature([2, -1]))
@@ -133,7 +136,10 @@ def test_an_output_asked_for_twice_is_a_400(v2: V2Server):
         outputs = [httpclient.InferRequestedOutput("y"), httpclient.InferRequestedOutput("y", binary_data=False)]
         with pytest.raises(InferenceServerException) as caught:
             client.infer("adder", [item], outputs=outputs)
-    assert (caught.value.status(), caught.value.message()) == ("400", "output 'y' appears twice")
+    assert (caught.value.status(), caught.value.message()) == (
+        "400",
+        "output 'y' already exists in request: each output may be asked for once",
+    )
 
 
 # --- 5. A request waiting for its batch to fill counts against the queue -------------------------------------------

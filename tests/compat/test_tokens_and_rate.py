@@ -63,3 +63,11 @@ def test_rate_limit_is_per_address_when_inference_is_public(v2: V2Server, settin
 def test_no_rate_limit_unless_set(v2: V2Server, settings):
     assert settings.V2_RATE is None
     assert {v2.request("POST", ADDER, BODY).status for _ in range(30)} == {200}
+
+
+def test_without_a_token_inference_is_refused_before_the_rate_limit(v2: V2Server, settings, django_db_blocker):
+    settings.INFERENCE_PUBLIC = False
+    settings.V2_RATE = (1, 60.0)
+    assert {v2.request("POST", ADDER, BODY).status for _ in range(5)} == {401}  # refused at once, counted nowhere
+    _, raw = make_token(django_db_blocker)
+    assert [v2.request("POST", ADDER, BODY, bearer(raw)).status for _ in range(2)] == [200, 429]

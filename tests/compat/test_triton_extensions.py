@@ -90,7 +90,10 @@ def test_statistics_of_every_model_of_one_model_and_of_one_version(client):
     assert [s["version"] for s in client.get_inference_statistics("adder", "canary")["model_stats"]] == ["2"]
     with pytest.raises(InferenceServerException) as caught:
         client.get_inference_statistics("no-such-model")
-    assert (caught.value.status(), caught.value.message()) == ("404", "unknown model 'no-such-model'")
+    assert (caught.value.status(), caught.value.message()) == (
+        "404",
+        "Request for unknown model: 'no-such-model' is not found",
+    )
 
 
 def test_statistics_need_the_inference_token_unless_public(v2: V2Server, settings):

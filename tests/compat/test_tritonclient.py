@@ -12,6 +12,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
+from inference.dataplane import NEEDS_ROLE, NEEDS_TOKEN
 from tests.support.onnx_compat import DATATYPES
 from tests.support.tensors import assert_same, sample
 from tests.support.v2server import V2Server
@@ -314,11 +315,11 @@ def test_missing_input_is_named(client):
 def test_unknown_model_is_a_404_with_our_message(client):
     with pytest.raises(InferenceServerException) as caught:
         client.infer("no-such-model", [infer_input("x", np.ones((1, 4), np.float32), "FP32", binary=True)])
-    assert caught.value.message() == "unknown model 'no-such-model'"
+    assert caught.value.message() == "Request for unknown model: 'no-such-model' is not found"
     assert caught.value.status() == "404"
     with pytest.raises(InferenceServerException) as caught:
         client.get_model_metadata("no-such-model")
-    assert caught.value.message() == "unknown model 'no-such-model'"
+    assert caught.value.message() == "Request for unknown model: 'no-such-model' is not found"
     with pytest.raises(InferenceServerException) as caught:
         client.get_model_config("no-such-model")
     assert caught.value.status() == "404"
@@ -327,7 +328,9 @@ def test_unknown_model_is_a_404_with_our_message(client):
 def test_unknown_version_is_a_404_naming_it(client):
     with pytest.raises(InferenceServerException) as caught:
         client.infer("adder", [infer_input("x", np.ones((1, 4), np.float32), "FP32", binary=True)], model_version="7")
-    assert caught.value.message() == "model 'adder' has no served version or alias '7'"
+    assert caught.value.message() == (
+        "Request for unknown model: 'adder' version 7 is not found: model 'adder' has no served version or alias '7'"
+    )
     assert caught.value.status() == "404"
 
 
@@ -354,11 +357,17 @@ def test_without_public_inference_a_token_with_the_inference_role_is_needed(v2, 
     x = np.ones((1, 4), np.float32)
     with httpclient.InferenceServerClient(v2.url) as triton:
         assert triton.is_server_live()  # health stays open for probes
-        for headers in (None, {"Authorization": f"Bearer {v2.viewer_token}"}, {"Authorization": "Bearer nonsense"}):
+        for headers, status, message in (
+            (None, "401", NEEDS_TOKEN),
+            ({"Authorization": "Bearer nonsense"}, "401", NEEDS_TOKEN),
+            ({"Authorization": f"Bearer {v2.viewer_token}"}, "403", NEEDS_ROLE),  # valid, but a viewer's
+        ):
             with pytest.raises(InferenceServerException) as caught:
                 triton.infer("adder", [infer_input("x", x, "FP32", binary=True)], headers=headers)
-            assert caught.value.status() == "401"
-            assert caught.value.message() == "a bearer token with the inference role is required"
+            assert (caught.value.status(), caught.value.message()) == (status, message)
+            with pytest.raises(InferenceServerException) as caught:
+                triton.get_model_metadata("adder", headers=headers)
+            assert (caught.value.status(), caught.value.message()) == (status, message)
             assert not triton.is_model_ready("adder", headers=headers)
 
         headers = {"Authorization": f"Bearer {v2.inference_token}"}

@@ -23,6 +23,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
+from inference.dataplane import NEEDS_ROLE, NEEDS_TOKEN
 from inference.grpc import grpc_service_pb2 as pb
 from inference.grpc import grpc_service_pb2_grpc as pb_grpc
 from inference.grpc.codec import CONTENTS
@@ -30,6 +31,7 @@ from tests.support.onnx_compat import DATATYPES
 from tests.support.tensors import assert_same, sample
 from tests.support.v2server import LABELS, V2Server
 
+DUPLICATE_Y = "output 'y' already exists in request: each output may be asked for once"
 EXTENSIONS = [
     "binary_tensor_data",
     "classification",
@@ -300,9 +302,15 @@ def test_classification_with_labels(client):
         ("adder", [("x", (2, 4), "INT32")], None, "INVALID_ARGUMENT", "input 'x': expected datatype FP32, got INT32"),
         ("adder", [("z", (1, 4), "FP32")], None, "INVALID_ARGUMENT", "unknown input 'z'; the model takes x"),
         ("adder", [("x", (1, 4), "FP32")], ["w"], "INVALID_ARGUMENT", "unknown output 'w'; the model gives y"),
-        ("adder", [("x", (1, 4), "FP32")], ["y", "y"], "INVALID_ARGUMENT", "output 'y' appears twice"),
+        ("adder", [("x", (1, 4), "FP32")], ["y", "y"], "INVALID_ARGUMENT", DUPLICATE_Y),
         ("multi", [("a", (1, 1), "FP32")], None, "INVALID_ARGUMENT", "missing input(s): b, text"),
-        ("no-such-model", [("x", (1, 4), "FP32")], None, "NOT_FOUND", "unknown model 'no-such-model'"),
+        (
+            "no-such-model",
+            [("x", (1, 4), "FP32")],
+            None,
+            "NOT_FOUND",
+            "Request for unknown model: 'no-such-model' is not found",
+        ),
     ],
     ids=["shape", "datatype", "unknown-input", "unknown-output", "output-twice", "missing-input", "unknown-model"],
 )
@@ -319,11 +327,14 @@ def test_unknown_version_and_unknown_model_elsewhere_are_not_found(client):
     error = refused(lambda: client.infer("adder", [x_input(np.ones((1, 4), np.float32))], model_version="7"))
     assert (error.status(), error.message()) == (
         "StatusCode.NOT_FOUND",
-        "model 'adder' has no served version or alias '7'",
+        "Request for unknown model: 'adder' version 7 is not found: model 'adder' has no served version or alias '7'",
     )
     for call in (partial(client.get_model_metadata, "nope"), partial(client.get_model_config, "nope")):
         error = refused(call)
-        assert (error.status(), error.message()) == ("StatusCode.NOT_FOUND", "unknown model 'nope'")
+        assert (error.status(), error.message()) == (
+            "StatusCode.NOT_FOUND",
+            "Request for unknown model: 'nope' is not found",
+        )
 
 
 def test_bytes_that_are_not_utf8_are_refused_by_name(client):
@@ -415,7 +426,11 @@ def test_without_public_inference_the_token_travels_as_authorization_metadata(v2
     x = np.ones((1, 4), np.float32)
     with grpcclient.InferenceServerClient(v2.grpc_url) as triton:
         assert triton.is_server_live() and triton.is_server_ready()  # health stays open for probes
-        for headers in (None, {"authorization": f"Bearer {v2.viewer_token}"}, {"authorization": "Bearer nonsense"}):
+        for headers, code, message in (
+            (None, "StatusCode.UNAUTHENTICATED", NEEDS_TOKEN),
+            ({"authorization": "Bearer nonsense"}, "StatusCode.UNAUTHENTICATED", NEEDS_TOKEN),
+            ({"authorization": f"Bearer {v2.viewer_token}"}, "StatusCode.PERMISSION_DENIED", NEEDS_ROLE),
+        ):
             for call in (
                 partial(triton.infer, "adder", [x_input(x)], headers=headers),
                 partial(triton.is_model_ready, "adder", headers=headers),
@@ -424,10 +439,7 @@ def test_without_public_inference_the_token_travels_as_authorization_metadata(v2
                 partial(triton.get_model_repository_index, headers=headers),
             ):
                 error = refused(call)
-                assert (error.status(), error.message()) == (
-                    "StatusCode.UNAUTHENTICATED",
-                    "a bearer token with the inference role is required",
-                )
+                assert (error.status(), error.message()) == (code, message)
         headers = {"authorization": f"Bearer {v2.inference_token}"}
         assert triton.is_model_ready("adder", headers=headers)
         assert triton.get_model_metadata("adder", headers=headers).name == "adder"
@@ -495,20 +507,23 @@ def test_a_stream_answers_each_request_and_an_error_does_not_end_it(client):
         assert_same(results[request_id].as_numpy("y"), x + np.float32(bias))
 
 
-def test_a_stream_without_a_token_is_unauthenticated(v2, settings):
+def test_a_stream_without_a_token_is_unauthenticated_and_one_without_the_role_permission_denied(v2, settings):
     settings.INFERENCE_PUBLIC = False
-    answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
-    with grpcclient.InferenceServerClient(v2.grpc_url) as triton:
-        triton.start_stream(callback=lambda result, error: answers.put((result, error)))
-        try:
-            result, error = answers.get(timeout=30)  # refused as it opens, before any request
-        finally:
-            triton.stop_stream()
-    assert result is None
-    assert (error.status(), error.message()) == (
-        "StatusCode.UNAUTHENTICATED",
-        "a bearer token with the inference role is required",
-    )
+    for headers, code, message in (
+        (None, "StatusCode.UNAUTHENTICATED", NEEDS_TOKEN),
+        ({"authorization": f"Bearer {v2.viewer_token}"}, "StatusCode.PERMISSION_DENIED", NEEDS_ROLE),
+    ):
+        answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        with grpcclient.InferenceServerClient(v2.grpc_url) as triton:
+            triton.start_stream(
+                callback=lambda result, error, answers=answers: answers.put((result, error)), headers=headers
+            )
+            try:
+                result, error = answers.get(timeout=30)  # refused as it opens, before any request
+            finally:
+                triton.stop_stream()
+        assert result is None
+        assert (error.status(), error.message()) == (code, message)
 
 
 # --- tritonclient.grpc.aio -----------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from inference.dataplane import DataPlane, InferResult
 from inference.errors import (
     BodyTooLarge,
     ClientGone,
+    Forbidden,
     InferenceFailed,
     ModelNotFound,
     ModelNotReady,
@@ -182,11 +183,16 @@ def test_model_metadata_ready_and_config(plane, owner, admin, runtime):
 
 
 def test_unknown_models_and_refs_are_not_found_and_unloaded_ones_not_ready(plane, owner, admin, runtime, build_gate):
-    with pytest.raises(ModelNotFound, match=r"^unknown model 'nope'$"):
+    with pytest.raises(ModelNotFound, match=r"^Request for unknown model: 'nope' is not found$"):
         plane.model_metadata("nope")
-    with pytest.raises(ModelNotFound, match=r"^model 'demo' has no served version or alias 'staging'$"):
+    with pytest.raises(
+        ModelNotFound,
+        match=r"^Request for unknown model: 'demo' version staging is not found: model 'demo' has no served ",
+    ):
         plane.model_ready("demo", "staging")
-    with pytest.raises(ModelNotFound, match=r"^model 'demo' has no served version or alias '2'$"):
+    with pytest.raises(
+        ModelNotFound, match=r"^Request for unknown model: 'demo' version 2 is not found: model 'demo' has no served "
+    ):
         plane.model_config("demo", "2")
 
     # staging is served and points to v2, whose session is still being built: meant to be served, not loaded.
@@ -210,9 +216,11 @@ def test_authorise_needs_an_inference_token_unless_public(bare_plane, run, setti
     client = make_person("client", Role.INFERENCE)
     admin = make_person("root", Role.ADMIN)
     assert plane.needs_token is True
-    for refused in ("", "not-a-token", owner.token):  # a maintainer has no inference role
+    for refused in ("", "not-a-token", owner.token + "x"):
         with pytest.raises(Unauthorised, match=r"^a bearer token with the inference role is required$"):
             run(plane.authorise(refused))
+    with pytest.raises(Forbidden, match=r"^inference needs the inference or admin role, and this token's user has"):
+        run(plane.authorise(owner.token))  # a valid token, but a maintainer has no inference role
     run(plane.authorise(client.token))
     run(plane.authorise(admin.token))  # admins have every role
 

@@ -445,7 +445,7 @@ def test_v2_app_follows_the_switch_and_retires_the_old_versions_batcher(owner, a
 
     assert asgi_loop.request(app, "GET", "/v2/health/ready") == (200, {"ready": True})
     assert asgi_loop.request(app, "POST", "/v2/models/demo/infer", infer_body(x))[0] == 401
-    assert asgi_loop.request(app, "POST", "/v2/models/demo/infer", infer_body(x), token=owner.token)[0] == 401
+    assert asgi_loop.request(app, "POST", "/v2/models/demo/infer", infer_body(x), token=owner.token)[0] == 403
     status, body = infer()
     assert status == 200, body
     assert (body["model_version"], answered_bias(x, body)) == ("1", 1.0)

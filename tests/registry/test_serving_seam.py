@@ -201,5 +201,9 @@ def test_token_may_infer_refuses_what_the_api_refuses():
     assert [serving.token_may_infer(raw) for raw in allowed] == [True, True]
     for refused in (viewer, revoked, expired, inactive, allowed[0] + "x", "my_abc_def"):
         assert serving.token_may_infer(refused) is False, refused
+    # Only a live token that lacks the role is known (a 403 on /v2); every other refusal is a 401.
+    assert serving.token_inference_access(viewer) is serving.InferenceAccess.NO_ROLE
+    for refused in (revoked, expired, inactive, allowed[0] + "x", "my_abc_def"):
+        assert serving.token_inference_access(refused) is serving.InferenceAccess.REFUSED, refused
     assert serving.token_shaped(allowed[0]) is True
     assert [serving.token_shaped(raw) for raw in ("", "Bearer x", "my_", "my__x", "my_a\x00_b")] == [False] * 5

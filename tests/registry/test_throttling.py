@@ -10,7 +10,7 @@ import pytest
 from django.core.cache import caches
 from django.test import Client
 
-from registry.models import ApiToken, AuditEvent, AuthFailureWindow
+from registry.models import ApiToken, AuditEvent, AuthFailureWindow, RegisteredModel
 from registry.throttling import RateLimited, TokenRateThrottle
 from tests.support.people import make_person
 
@@ -72,6 +72,30 @@ def test_bad_tokens_count_per_address_and_stop_being_audited(db, settings):
         "(MODELYARD_API_RATE_ANON); retry in "
     )
     assert Client(REMOTE_ADDR="10.1.1.2").get(MODELS, HTTP_AUTHORIZATION="Bearer my_guess_x").status_code == 401
+
+
+def test_requests_without_any_credentials_count_per_address(db, settings):
+    settings.API_RATE_ANON = "2/day"
+    stranger = Client(REMOTE_ADDR="10.1.1.3")
+    # Refused by a permission (401) or not, each counts; past the rate it is 429 before any permission is asked.
+    statuses = [stranger.get(MODELS).status_code, stranger.post(MODELS, {"name": "m"}).status_code]
+    statuses += [stranger.get(MODELS).status_code, stranger.get("/api/v1/me").status_code]
+    assert statuses == [401, 401, 429, 429]
+    refused = stranger.get(MODELS)
+    wait = int(refused["Retry-After"])
+    assert refused.json() == {
+        "error": "rate limit exceeded: 2 requests per day per client address without valid credentials "
+        f"(MODELYARD_API_RATE_ANON); retry in {wait} s",
+        "detail": {"retry_after": wait},
+    }
+    assert not RegisteredModel.objects.exists()
+    assert Client(REMOTE_ADDR="10.1.1.4").get(MODELS).status_code == 401  # another address counts apart
+
+
+def test_a_request_without_credentials_is_counted_once(db, settings):
+    settings.API_RATE_ANON = "2/day"
+    stranger = Client(REMOTE_ADDR="10.1.1.5")
+    assert [stranger.get("/api/schema/").status_code for _ in range(3)] == [200, 200, 429]
 
 
 def test_a_valid_token_is_not_held_back_by_its_address(owner, settings):

@@ -104,6 +104,17 @@ def add_model(bias: float, rows: int | str = "N") -> onnx.ModelProto:
     return _model(helper.make_graph([helper.make_node("Add", ["x", "b"], ["y"])], "add", [x], [y], [b]))
 
 
+def simple_model() -> onnx.ModelProto:
+    """Triton's ``simple``, of its example clients: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (INT32)."""
+    inputs = [helper.make_tensor_value_info(name, TensorProto.INT32, ["N", 16]) for name in ("INPUT0", "INPUT1")]
+    outputs = [helper.make_tensor_value_info(name, TensorProto.INT32, ["N", 16]) for name in ("OUTPUT0", "OUTPUT1")]
+    nodes = [
+        helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+        helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+    ]
+    return _model(helper.make_graph(nodes, "simple", inputs, outputs))
+
+
 def fixed_shape_model() -> onnx.ModelProto:
     """No batch dimension: s = a + 1 (INT64 [2, 3]) and t = Cast(b) (BOOL [n] -> FP32 [n])."""
     a = helper.make_tensor_value_info("a", TensorProto.INT64, [2, 3])

@@ -64,6 +64,8 @@ MODELS = [
         extras=(("labels.txt", "\n".join(LABELS).encode() + b"\n"),),
     ),
     ServedModel("echo", [onnx_compat.identity_model("echo", TensorProto.STRING)]),
+    # Triton's example clients (simple_http_infer_client.py and the others) run against this one.
+    ServedModel("simple", [onnx_compat.simple_model()]),
     # Numbers as strings (Triton's simple_string): validation's synthetic "a" cannot run it, so it has a warning.
     ServedModel("strings", [string_parsing_model()]),
     # A batch that fills for a whole second: a request waiting in it counts against the queue of one.
