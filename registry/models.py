@@ -119,6 +119,17 @@ class ModelVersion(models.Model):
     def model_file(self) -> ModelFile:
         return self.files.get(role=FileRole.MODEL)
 
+    @property
+    def problems(self) -> list[tuple[str, str]]:
+        """Each validation error as its reason (the first line) and the detail after it ("" when none)."""
+        return [reason_and_detail(str(error)) for error in self.errors]
+
+
+def reason_and_detail(text: str) -> tuple[str, str]:
+    """A message's first line, the reason, and the lines after it, the detail (a library's context)."""
+    reason, _, detail = text.strip().partition("\n")
+    return reason, detail.strip()
+
 
 class FileRole(models.TextChoices):
     MODEL = "model"

@@ -319,7 +319,10 @@ def version_upload_page(request: HttpRequest, name: str) -> HttpResponse:
         return JsonResponse(answer.data, status=answer.status_code)
     version.refresh_from_db()  # in-process validation may already have finished
     url = reverse("ui:version", kwargs={"name": model.name, "number": version.version})
-    messages.success(request, f"Version {version.version} uploaded.")
+    if version.status == VersionStatus.FAILED:
+        messages.error(request, f"Version {version.version} uploaded, validation failed.")
+    else:
+        messages.success(request, f"Version {version.version} uploaded.")
     return JsonResponse({"version": version.version, "status": version.status, "url": url}, status=201)
 
 
