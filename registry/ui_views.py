@@ -38,7 +38,14 @@ from registry.audit import actor_from_request, audit_access_denied, audit_event_
 from registry.audit_verify import audit_verify
 from registry.auth import has_role
 from registry.comparison import compare, policy_violations
-from registry.errors import InvalidInput, PayloadTooLarge, PermissionDenied, RegistryError
+from registry.errors import (
+    ForceNeedsReason,
+    ForceRequired,
+    InvalidInput,
+    PayloadTooLarge,
+    PermissionDenied,
+    RegistryError,
+)
 from registry.models import (
     PRODUCTION,
     Alias,
@@ -83,6 +90,15 @@ def refusal(request: HttpRequest, exc: RegistryError) -> int:
     if isinstance(exc, PermissionDenied):
         audit_access_denied(request=request, reason=exc.message)
     return status_for(exc) or 400
+
+
+def _form_wording(exc: RegistryError) -> str:
+    """The service's message, with what it tells an API client to send worded for the page's own controls."""
+    if isinstance(exc, ForceRequired):
+        return f"{exc.refusal} Tick Force and give a reason to set it anyway."
+    if isinstance(exc, ForceNeedsReason):
+        return "Force needs a reason: write it in the Reason box."
+    return exc.message
 
 
 def _form_refusal(form: UiForm) -> InvalidInput:
@@ -458,7 +474,7 @@ def promotion_request(request: HttpRequest, name: str) -> HttpResponse:
             actor=actor_from_request(request),
         )
     except RegistryError as exc:
-        return _promote_page(request, model, form, error=exc.message, status=refusal(request, exc))
+        return _promote_page(request, model, form, error=_form_wording(exc), status=refusal(request, exc))
     alias, number = form.cleaned_data["alias"], form.cleaned_data["version"]
     if outcome.promotion is not None:
         messages.success(

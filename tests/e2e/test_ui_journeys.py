@@ -330,7 +330,7 @@ def test_4_breaking_version_needs_force_and_a_reason_and_the_approver_sees_it(se
     alert = page.locator(".flash.error[role=alert]").first
     expect(alert).to_contain_text("not compatible")
     assert "not compatible with version 1" in alert.inner_text()
-    assert "Send force=true with a reason" in alert.inner_text()
+    assert "Tick Force and give a reason to set it anyway." in alert.inner_text()
     assert not PromotionRequest.objects.filter(state="pending").exists()
     # With force and the reason it is requested.
     page.check("input[name=force]")
