@@ -576,6 +576,10 @@ def promotion_decide(request: HttpRequest, promotion_id: int, decision: str) -> 
 AUDIT_FILTERS = ("actor", "action", "model")
 
 
+def _json_text(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
 @login_required
 def audit_index(request: HttpRequest) -> HttpResponse:
     if not has_role(request.user, Role.AUDITOR):
@@ -605,6 +609,10 @@ def audit_index(request: HttpRequest) -> HttpResponse:
         events = events.filter(seq__lt=before)
     page = list(events[: AUDIT_PAGE_SIZE + 1])
     older = page[AUDIT_PAGE_SIZE - 1].seq if len(page) > AUDIT_PAGE_SIZE else None
+    for event in page:
+        # Shown as the JSON the API and the exports give, not as Python's repr of it.
+        event.before_json = _json_text(event.before)  # type: ignore[attr-defined]
+        event.after_json = _json_text(event.after)  # type: ignore[attr-defined]
     query = {key: value for key, value in {**filters, **times, "tz": zone}.items() if value}
     export = {**filters, **{key: value.isoformat() for key, value in bounds.items() if value is not None}}
     context: dict[str, Any] = {
@@ -624,14 +632,36 @@ def audit_index(request: HttpRequest) -> HttpResponse:
 # --- Fleet --------------------------------------------------------------------------------------------
 
 
+def _without_notice(note: str, notice: str) -> str:
+    """A loaded version's note less the host's notice (its first part), which the page says once for the host."""
+    if notice and note == notice:
+        return ""
+    if notice and note.startswith(f"{notice}; "):
+        return note[len(notice) + 2 :]
+    return note
+
+
 @login_required
 def fleet_index(request: HttpRequest) -> HttpResponse:
-    workers = [
-        {
+    hosts: dict[str, dict[str, Any]] = {}
+    workers = []
+    for worker in serving.fleet_list():
+        host = hosts.setdefault(worker.host, {"host": worker.host, "notices": [], "workers": []})
+        if worker.notice and worker.notice not in host["notices"]:
+            host["notices"].append(worker.notice)
+        row = {
             "worker": worker,
             "online": worker.online,
-            "rows": [(row, traffic_charts(row.traffic, until=worker.heartbeat_at)) for row in worker.loaded],
+            "rows": [
+                (
+                    item,
+                    _without_notice(item.note, worker.notice),
+                    traffic_charts(item.traffic, until=worker.heartbeat_at),
+                )
+                for item in worker.loaded
+            ],
         }
-        for worker in serving.fleet_list()
-    ]
-    return render(request, "modelyard/ui/fleet.html", {"workers": workers})
+        host["workers"].append(row)
+        workers.append(row)
+    context = {"hosts": [hosts[name] for name in sorted(hosts)], "workers": workers}
+    return render(request, "modelyard/ui/fleet.html", context)
