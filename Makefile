@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 # until `make install ORT=cpu`. Both wheels write the same `onnxruntime` package, so only one is ever installed.
 ORT ?= $(if $(wildcard $(VENV)/.installed-gpu),gpu,cpu)
 GPU_CHECK_VENV := build/gpu-wheel-check
+# `make run PORT=8100`: the HTTP port; gRPC takes the next one unless GRPC_PORT (or MODELYARD_GRPC_PORT) says.
+PORT ?= 8000
+GRPC_PORT ?=
 
 .PHONY: install install-gpu run test lint typecheck services bench bench-install bench-serve check-gpu-wheel clean
 
@@ -25,7 +28,7 @@ $(VENV)/.installed-%: pyproject.toml
 	touch $@
 
 run: install
-	$(BIN)/modelyard serve
+	$(BIN)/modelyard serve --port $(PORT)$(if $(GRPC_PORT), --grpc-port $(GRPC_PORT))
 
 services:
 	bash scripts/services.sh
