@@ -37,7 +37,7 @@ from registry.api.multipart import MultipartUpload
 from registry.audit import actor_from_request, audit_access_denied, audit_event_list
 from registry.audit_verify import audit_verify
 from registry.auth import has_role
-from registry.comparison import compare, policy_violations
+from registry.comparison import compare, file_changes, policy_violations
 from registry.errors import (
     ForceNeedsReason,
     ForceRequired,
@@ -360,21 +360,6 @@ def _metadata_diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, A
     return rows
 
 
-def _file_diff(old: ModelVersion, new: ModelVersion) -> list[dict[str, Any]]:
-    before = {f.name: f for f in old.files.all()}
-    after = {f.name: f for f in new.files.all()}
-    names = list(before) + [name for name in after if name not in before]
-    return [
-        {
-            "name": name,
-            "before": before.get(name),
-            "after": after.get(name),
-            "same": name in before and name in after and before[name].sha256 == after[name].sha256,
-        }
-        for name in names
-    ]
-
-
 def comparison(old: ModelVersion, new: ModelVersion, alias: Alias | None = None) -> dict[str, Any]:
     """What a reviewer reads when ``new`` replaces ``old``: speed and accuracy measured, signature, metadata, files.
 
@@ -395,7 +380,7 @@ def comparison(old: ModelVersion, new: ModelVersion, alias: Alias | None = None)
         "signature": changes,
         "breaking": [problem for change in changes for problem in change.breaking],
         "metadata": _metadata_diff(old.metadata or {}, new.metadata or {}),
-        "files": _file_diff(old, new),
+        "files": file_changes(list(old.files.all()), list(new.files.all())),
         "size_change": new.size_bytes - old.size_bytes,
     }
 

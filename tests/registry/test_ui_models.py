@@ -237,11 +237,44 @@ def test_compare_shows_breaking_changes_metadata_and_files(maintainer, viewer):
         ("output", "y", "changed", True),
     ]
     assert [(row["key"], row["changed"]) for row in diff["metadata"]] == [("run", True), ("same", False)]
-    assert [(row["name"], row["same"], row["before"] is None) for row in diff["files"]] == [
-        ("model.onnx", False, False),
-        ("vocab.txt", False, True),
+    assert [(row.name, row.change, row.before is None) for row in diff["files"]] == [
+        ("model.onnx", "changed", False),
+        ("vocab.txt", "added", True),
     ]
     assert b'<tr class="breaking">' in response.content
+
+
+def test_compare_shows_a_renamed_file_as_a_rename(maintainer, viewer):
+    """Files are paired by content and role before name: a rename is not a file removed and another added."""
+    create_model(maintainer)
+    model = add_model_bytes()
+    upload_local("demo", [("model.onnx", model), ("vocab.txt", b"abc"), ("old.txt", b"gone")], actor=maintainer.actor)
+    upload_local(
+        "demo",
+        [("classifier.onnx", model), ("tokens.txt", b"abc"), ("notes.txt", b"new")],
+        actor=maintainer.actor,
+    )
+    upload_local("demo", [("model-v3.onnx", add_model_bytes(bias=2.0)), ("vocab.txt", b"abcd")], actor=maintainer.actor)
+
+    renamed = viewer.client.get("/ui/models/demo/compare", {"a": 1, "b": 2})
+    assert [(row.renamed_from, row.name, row.change) for row in renamed.context["diff"]["files"]] == [
+        ("model.onnx", "classifier.onnx", "renamed"),
+        ("vocab.txt", "tokens.txt", "renamed"),
+        ("", "old.txt", "removed"),
+        ("", "notes.txt", "added"),
+    ]
+    html = renamed.content.decode()
+    assert (
+        '<tr data-file="classifier.onnx"><td class="wrap">model.onnx → classifier.onnx</td>' in html
+        and '<span class="badge renamed">renamed</span>' in html
+    )
+    # The model is paired with the model whatever it is called; another file by name when its content changed.
+    changed = viewer.client.get("/ui/models/demo/compare", {"a": 1, "b": 3})
+    assert [(row.renamed_from, row.name, row.change) for row in changed.context["diff"]["files"]] == [
+        ("model.onnx", "model-v3.onnx", "changed"),
+        ("", "vocab.txt", "changed"),
+        ("", "old.txt", "removed"),
+    ]
 
 
 def test_compare_with_bad_or_unknown_versions(maintainer, viewer):

@@ -216,6 +216,18 @@ def test_approving_an_aliases_first_version_names_no_version_it_moves_from(mia, 
     assert " from v" not in html
 
 
+def test_the_review_shows_a_renamed_model_file_as_a_rename(mia, ana, serving_v1):
+    model = add_model_bytes(bias=1.0)  # v1's model, under another name
+    upload_local("demo", [("renamed.onnx", model)], actor=mia.actor)
+    set_alias(mia, "production", 4)
+    promotion = PromotionRequest.objects.get(state="pending")
+    review = ana.client.get(f"/ui/promotions/{promotion.pk}")
+    assert [(row.renamed_from, row.name, row.change) for row in review.context["diff"]["files"]] == [
+        ("model.onnx", "renamed.onnx", "renamed")
+    ]
+    assert "model.onnx → renamed.onnx" in review.content.decode()
+
+
 def test_approving_a_served_alias_says_inference_switches(mia, ana, serving_v1):
     set_served(login_person("root", Role.ADMIN), "production", True)
     set_alias(mia, "production", 2)
