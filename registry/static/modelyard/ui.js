@@ -137,8 +137,9 @@ function sortableTables(root = document) {
   }
 }
 
-// An element with data-copy gets a Copy button: it copies the attribute's value, or the element's text when
-// the attribute is empty. A value that starts with "/" is a path of this server, copied as a whole URL.
+// An element with data-copy gets a Copy button (data-copy-button names it otherwise): it copies the attribute's
+// value, or the element's text when the attribute is empty. A value that starts with "/" is a path of this
+// server, copied as a whole URL.
 async function copyText(value) {
   if (navigator.clipboard && window.isSecureContext) {
     await navigator.clipboard.writeText(value);
@@ -161,7 +162,8 @@ function copyButtons(root = document) {
     const button = document.createElement("button");
     button.type = "button";
     button.className = "copy";
-    button.textContent = "Copy";
+    const label = element.dataset.copyButton || "Copy";
+    button.textContent = label;
     button.setAttribute("aria-label", `Copy ${element.dataset.copyLabel || "it"}`);
     button.addEventListener("click", async () => {
       const raw = element.dataset.copy || element.textContent.trim();
@@ -172,7 +174,7 @@ function copyButtons(root = document) {
       } catch (error) {
         button.textContent = "Select and copy it";
       }
-      setTimeout(() => { button.textContent = "Copy"; }, 2000);
+      setTimeout(() => { button.textContent = label; }, 2000);
     });
     element.after(button);
   }
