@@ -247,10 +247,31 @@ def _version_or_404(model: RegisteredModel, number: int) -> ModelVersion:
     return version
 
 
+_FAILED_UPLOAD = "Version {} uploaded, validation failed."
+
+
+def _upload_tag(version: ModelVersion) -> str:
+    return f"upload-{version.pk}"
+
+
+def _settle_upload_banner(request: HttpRequest, version: ModelVersion) -> None:
+    """The upload's banner, written when the upload was answered, says so if validation has failed since.
+
+    Without a broker validation ends before the answer; with one it runs after it, and may end before the
+    version's page is shown.
+    """
+    if version.status != VersionStatus.FAILED:
+        return
+    for message in messages.get_messages(request):
+        if message.extra_tags == _upload_tag(version):
+            message.level, message.message = messages.ERROR, _FAILED_UPLOAD.format(version.version)
+
+
 @login_required
 def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse:
     model = get_object_or_404(RegisteredModel, name=name)
     version = _version_or_404(model, number)
+    _settle_upload_banner(request, version)
     context = {
         "model": model,
         "version": version,
@@ -336,9 +357,9 @@ def version_upload_page(request: HttpRequest, name: str) -> HttpResponse:
     version.refresh_from_db()  # in-process validation may already have finished
     url = reverse("ui:version", kwargs={"name": model.name, "number": version.version})
     if version.status == VersionStatus.FAILED:
-        messages.error(request, f"Version {version.version} uploaded, validation failed.")
+        messages.error(request, _FAILED_UPLOAD.format(version.version), extra_tags=_upload_tag(version))
     else:
-        messages.success(request, f"Version {version.version} uploaded.")
+        messages.success(request, f"Version {version.version} uploaded.", extra_tags=_upload_tag(version))
     return JsonResponse({"version": version.version, "status": version.status, "url": url}, status=201)
 
 

@@ -100,6 +100,17 @@ def test_a_failed_version_is_announced_as_failed_with_its_reason_and_the_detail_
     ) in listed
 
 
+def test_a_version_that_fails_after_the_upload_was_answered_is_announced_as_failed(demo):
+    """As with a broker: the upload is answered while validation waits; it fails before the page is shown."""
+    client = browser("mia", Role.MAINTAINER)
+    response = post(client, {"file": files(("model.onnx", unknown_op_model().SerializeToString()))})
+    assert (response.status_code, response.json()["status"]) == (201, "pending")
+    assert ModelVersion.objects.get().status == "failed"  # validation ran after the answer
+    page = client.get("/ui/models/demo/versions/1").content.decode()
+    assert '<div class="flash error" role="status">Version 1 uploaded, validation failed.</div>' in page
+    assert "flash success" not in page
+
+
 def test_the_csrf_token_must_come_in_the_header_so_the_body_is_never_parsed_first(demo):
     client = browser("mia", Role.MAINTAINER)
     token = client.cookies["csrftoken"].value
