@@ -272,12 +272,15 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
     model = get_object_or_404(RegisteredModel, name=name)
     version = _version_or_404(model, number)
     _settle_upload_banner(request, version)
+    fleet = selectors.version_fleet_state(model=model.name, version=version.version)
     context = {
         "model": model,
         "version": version,
         "files": list(version.files.all()),
         "aliases": [alias for alias in selectors.alias_list(model=model) if alias.version_id == version.pk],
-        "fleet": selectors.version_fleet_state(model=model.name, version=version.version),
+        # Why a host serves on the CPU is said once per host above the table, not on each of its rows.
+        "fleet": [(worker, row, _without_notice(row.note, worker.notice) if row else "") for worker, row in fleet],
+        "fleet_notices": sorted({(worker.host, worker.notice) for worker, _ in fleet if worker.notice}),
         "others": [v.version for v in selectors.version_list(model=model) if v.pk != version.pk],
         "metadata": json.dumps(version.metadata, indent=2, sort_keys=True) if version.metadata else "",
         "settled": version.status in (VersionStatus.READY, VersionStatus.FAILED),

@@ -201,10 +201,35 @@ def test_version_page_shows_signature_files_details_and_the_fleet(maintainer, vi
     assert '<td><code>x</code></td><td>FP32</td><td class="mono">[-1, 4]</td>' in html
     assert 'href="/api/v1/models/demo/versions/1/download?file=tokenizer.json"' in html
     assert 'href="/api/v1/models/demo/versions/1/download?file=model.onnx"' in html
-    [(worker, row)] = response.context["fleet"]
+    [(worker, row, _)] = response.context["fleet"]
     assert (worker.worker_id, row.state, row.error) == ("w1", "failed", "HashMismatch: x")
     assert "HashMismatch: x" in html
     assert "data-poll-url" not in html  # decided: nothing to wait for
+
+
+NO_CUDA = "this ONNX Runtime build has no CUDA provider (install modelyard[gpu])"
+
+
+def test_the_version_page_says_a_hosts_cpu_notice_once_not_on_each_process(maintainer, viewer):
+    create_model(maintainer)
+    upload_versions(maintainer, [1.0])
+    now = timezone.now()
+    for worker_id in ("w1", "w2"):
+        InferenceWorker.objects.create(
+            worker_id=worker_id,
+            host="cpu-host",
+            pid=1,
+            device="cpu (no CUDA in this ONNX Runtime build)",
+            provider="CPUExecutionProvider",
+            started_at=now,
+            heartbeat_at=now,
+            notice=NO_CUDA,
+            loaded=[{"model": "demo", "version": 1, "aliases": [], "state": "ready", "note": f"{NO_CUDA}; other"}],
+        )
+    html = viewer.client.get("/ui/models/demo/versions/1").content.decode()
+    assert html.count("no CUDA provider") == 1
+    assert f'<p class="flash warn wrap" data-notice>cpu-host serves on the CPU: {NO_CUDA}</p>' in html
+    assert html.count('<span class="muted">other</span>') == 2
 
 
 def test_a_version_still_validating_asks_the_page_to_poll(maintainer, viewer):
