@@ -9,6 +9,9 @@ GPU_CHECK_VENV := build/gpu-wheel-check
 LOCK := requirements
 TEST_DEPS := $(VENV)/.installed-test-deps
 UV_COMPILE := --universal --python-version 3.11 --generate-hashes --quiet --custom-compile-command 'make lock'
+# `make run PORT=8100`: the HTTP port; gRPC takes the next one unless GRPC_PORT (or MODELYARD_GRPC_PORT) says.
+PORT ?= 8000
+GRPC_PORT ?=
 
 .PHONY: install install-gpu lock run test lint typecheck services bench bench-install bench-serve check-gpu-wheel clean
 
@@ -45,7 +48,7 @@ lock: $(VENV)/.installed-$(ORT)
 	$(BIN)/uv pip compile pyproject.toml $(UV_COMPILE) --extra bench -c $(LOCK)/cpu.txt -o $(LOCK)/bench.txt
 
 run: install
-	$(BIN)/modelyard serve
+	$(BIN)/modelyard serve --port $(PORT)$(if $(GRPC_PORT), --grpc-port $(GRPC_PORT))
 
 services:
 	bash scripts/services.sh

@@ -38,6 +38,7 @@ from inference.sessions import (
     build_cpu_lanes,
     build_session,
     device_description,
+    host_notice,
     lane_threads,
     run_with_iobinding,
     unfixed_tensors,
@@ -321,6 +322,7 @@ class InferenceRuntime:
         self.cache = ArtifactCache(Path(settings.CACHE_DIR), settings.CACHE_MAX_BYTES)
         self.started_at = timezone.now()
         self.device, self.provider = device_description()
+        self.notice = host_notice()
         self._desired = DesiredState(versions={}, routes={})
         self._loads: dict[int, Future[LoadedVersion]] = {}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-load")
@@ -686,6 +688,7 @@ class InferenceRuntime:
             started_at=self.started_at,
             loaded=snapshot,
             errors=(self.status.db_error,) if self.status.db_error else (),
+            notice=self.notice,
             devices=tuple(
                 serving.DeviceRow(d.index, d.name, d.memory_used_bytes, d.memory_total_bytes)
                 for d in telemetry.read_devices()

@@ -546,6 +546,17 @@ def build_session(model_path: Path, *, fixed_address_io: bool = False) -> BuiltS
     return BuiltSession(session=session, provider=provider, note=note, graphs=graphs and provider in GPU_PROVIDERS)
 
 
+def host_notice() -> str:
+    """Why this process serves on the CPU though a GPU provider was asked for ("" if it was not, or it does not).
+
+    The same for every session it builds (each one's note starts with it), so the fleet says it once per host.
+    """
+    if not GPU_PROVIDERS & set(requested_providers()):
+        return ""
+    status = gpu_status()
+    return "" if status.usable else status.reason
+
+
 def device_description() -> tuple[str, str]:
     """(device, provider) this process would use, for the fleet page; the device says why it is not the GPU.
 

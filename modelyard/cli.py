@@ -51,6 +51,12 @@ def serve(args: argparse.Namespace) -> int:
     # already taken stops the start instead of being silently shared with another server.
     if args.grpc_port is not None:
         os.environ["MODELYARD_GRPC_PORT"] = str(args.grpc_port)
+    elif not (os.environ.get("MODELYARD_GRPC_PORT") or os.environ.get("MODELYARD_GRPC_PORT_FILE")) and (
+        0 < args.port < 65535
+    ):
+        # Unless told otherwise, gRPC follows HTTP to the next port (8000 and 8001), so that a second server
+        # started on another --port does not fail on the first one's gRPC port.
+        os.environ["MODELYARD_GRPC_PORT"] = str(args.port + 1)
     os.environ["MODELYARD_GRPC_HOST"] = args.host
     os.environ["MODELYARD_GRPC_REUSE_PORT"] = "true" if args.workers > 1 else "false"
     # Before anything imports prometheus_client (which reads it once, at import): every process of
@@ -380,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--grpc-port",
         type=_port,
         default=None,
-        help="gRPC port of the inference role (default $MODELYARD_GRPC_PORT or 8001; 0 turns gRPC off)",
+        help="gRPC port of the inference role (default $MODELYARD_GRPC_PORT, else --port + 1; 0 turns gRPC off)",
     )
     p.add_argument("--migrate", action="store_true", help="apply migrations first (always in embedded mode)")
     p.add_argument("--log-level", default="info")

@@ -9,14 +9,18 @@ policy (``registry/promotions.py``) all read, so they all say the same thing:
   max absolute difference, top-1 agreement, the worst output of each).
 
 What is not measured is said, never guessed.
+
+:func:`file_changes` pairs the two versions' files for the same pages: by content and role first, so
+that a renamed file reads as a rename, not as one file removed and another added.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from registry.models import JobStatus, ModelVersion, VersionBenchmark
+from registry.models import FileRole, JobStatus, ModelFile, ModelVersion, VersionBenchmark
 
 CPU = "CPUExecutionProvider"
 
@@ -152,3 +156,65 @@ def policy_violations(comparison: Comparison, policy: dict[str, float | None]) -
         elif (value < limit) if worse == "below" else (value > limit):
             found.append(f"{bound.replace('_', ' ')} {value:.6g} is {worse} {key} {limit:.10g}")
     return found
+
+
+# --- Files ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FileChange:
+    """A file of the current version, of the candidate, or of both, paired, and what happened to it."""
+
+    before: ModelFile | None
+    after: ModelFile | None
+
+    @property
+    def name(self) -> str:
+        return (self.after or self.before).name  # type: ignore[union-attr]  # one of them is always there
+
+    @property
+    def renamed_from(self) -> str:
+        """The current version's name for it when the candidate calls it otherwise, else ""."""
+        if self.before is not None and self.after is not None and self.before.name != self.after.name:
+            return self.before.name
+        return ""
+
+    @property
+    def change(self) -> str:
+        """same, renamed (same content, another name), changed (other content), added or removed."""
+        if self.before is None:
+            return "added"
+        if self.after is None:
+            return "removed"
+        if self.before.sha256 != self.after.sha256:
+            return "changed"
+        return "renamed" if self.renamed_from else "same"
+
+
+# Tried in turn on the files still unpaired: the same file; the same content in the same role under
+# another name (a rename); the same name with other content; and the model itself, renamed and changed
+# (a version has one). What is left was removed or added.
+_PAIRINGS: tuple[Callable[[ModelFile, ModelFile], bool], ...] = (
+    lambda old, new: old.name == new.name and old.sha256 == new.sha256,
+    lambda old, new: old.sha256 == new.sha256 and old.role == new.role,
+    lambda old, new: old.name == new.name,
+    lambda old, new: old.role == new.role == FileRole.MODEL,
+)
+
+
+def file_changes(old: Sequence[ModelFile], new: Sequence[ModelFile]) -> list[FileChange]:
+    """The two versions' files paired by content and role, then by name: in the current version's order, then what
+    the candidate adds."""
+    paired: dict[int, ModelFile] = {}
+    unpaired = list(new)
+    for matches in _PAIRINGS:
+        for index, before in enumerate(old):
+            if index in paired:
+                continue
+            after = next((candidate for candidate in unpaired if matches(before, candidate)), None)
+            if after is not None:
+                paired[index] = after
+                unpaired.remove(after)
+    return [FileChange(before, paired.get(index)) for index, before in enumerate(old)] + [
+        FileChange(None, after) for after in new if after in unpaired
+    ]

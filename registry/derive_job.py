@@ -21,7 +21,7 @@ from registry.child_process import ChildLimits, run_in_child
 from registry.errors import RegistryError
 from registry.models import DeriveJob, FileRole
 from registry.uploads import LocalUpload, version_upload
-from registry.validation import SAMPLE_INPUTS, printable
+from registry.validation import SAMPLE_INPUTS, readable
 from registry.validation_job import fetch_version_files
 from storage import ObjectNotFound, StorageUnavailable
 
@@ -57,7 +57,7 @@ def run_derive_job(job_id: int) -> str:
     except Exception as exc:
         logger.exception("derive job %s could not finish", job_id)
         services.derive_fail(
-            job_id=job_id, error=f"the derivation could not finish: {type(exc).__name__}: {printable(str(exc))}"
+            job_id=job_id, error=f"the derivation could not finish: {type(exc).__name__}: {readable(str(exc))}"
         )
     return "failed"
 

@@ -50,6 +50,25 @@ class Conflict(RegistryError):
     """The change clashes with the current state: a name taken, an alias that moved meanwhile."""
 
 
+class ForceRequired(Conflict):
+    """A change refused unless forced with a reason: a breaking signature, a candidate past the alias's policy.
+
+    ``refusal`` says what is wrong; the message adds how the API forces it. A form words that part its own
+    way (its Force checkbox).
+    """
+
+    def __init__(self, refusal: str, detail: object = None) -> None:
+        super().__init__(f"{refusal} Send force=true with a reason to set it anyway.", detail)
+        self.refusal = refusal
+
+
+class ForceNeedsReason(InvalidInput):
+    """Forcing a change was asked for without a reason to record."""
+
+    def __init__(self) -> None:
+        super().__init__("force=true needs a reason")
+
+
 class PayloadTooLarge(RegistryError):
     """An upload, or its form fields, passed a size limit."""
 

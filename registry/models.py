@@ -119,6 +119,17 @@ class ModelVersion(models.Model):
     def model_file(self) -> ModelFile:
         return self.files.get(role=FileRole.MODEL)
 
+    @property
+    def problems(self) -> list[tuple[str, str]]:
+        """Each validation error as its reason (the first line) and the detail after it ("" when none)."""
+        return [reason_and_detail(str(error)) for error in self.errors]
+
+
+def reason_and_detail(text: str) -> tuple[str, str]:
+    """A message's first line, the reason, and the lines after it, the detail (a library's context)."""
+    reason, _, detail = text.strip().partition("\n")
+    return reason, detail.strip()
+
 
 class FileRole(models.TextChoices):
     MODEL = "model"
@@ -397,6 +408,9 @@ class InferenceWorker(models.Model):
     # [{index, name, memory_used_bytes, memory_total_bytes}]: the GPUs it sees, read through NVML. Null
     # in rows that a process of the previous release writes during a rolling upgrade (it knows no such column).
     devices = models.JSONField(default=list, null=True, blank=True)
+    # Why it serves on the CPU though a GPU was asked for: the same for every version it loads, so the fleet
+    # page says it once per host. A database default, for rows a process of the previous release writes.
+    notice = models.TextField(blank=True, default="", db_default="")
     started_at = models.DateTimeField()
     heartbeat_at = models.DateTimeField(db_index=True)
 

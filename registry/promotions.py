@@ -20,7 +20,7 @@ from registry import notify, webhooks
 from registry.audit import SYSTEM, Actor, audit_record
 from registry.auth import has_role
 from registry.comparison import compare, policy_violations
-from registry.errors import Conflict, InvalidInput, NotFound, PermissionDenied
+from registry.errors import Conflict, ForceNeedsReason, ForceRequired, InvalidInput, NotFound, PermissionDenied
 from registry.models import (
     PRODUCTION,
     Alias,
@@ -166,13 +166,13 @@ def _check_signature(alias: Alias, version: ModelVersion, *, force: bool, reason
     if not breaking:
         return False
     if not force:
-        raise Conflict(
+        raise ForceRequired(
             f"version {version.version} is not compatible with version {alias.version.version} behind "
-            f"'{alias.name}': {'; '.join(breaking)}. Send force=true with a reason to set it anyway.",
+            f"'{alias.name}': {'; '.join(breaking)}.",
             detail={"breaking": breaking},
         )
     if not reason.strip():
-        raise InvalidInput("force=true needs a reason")
+        raise ForceNeedsReason()
     return True
 
 
@@ -192,13 +192,13 @@ def _check_policy(alias: Alias, version: ModelVersion, *, force: bool, reason: s
     if not violations:
         return False
     if not force:
-        raise Conflict(
+        raise ForceRequired(
             f"version {version.version} breaks the policy of '{alias.name}' against version {alias.version.version}: "
-            f"{'; '.join(violations)}. Send force=true with a reason to set it anyway.",
+            f"{'; '.join(violations)}.",
             detail={"policy": policy, "violations": violations},
         )
     if not reason.strip():
-        raise InvalidInput("force=true needs a reason")
+        raise ForceNeedsReason()
     return True
 
 

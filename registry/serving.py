@@ -324,6 +324,7 @@ class WorkerReport:
     loaded: tuple[LoadedRow, ...]
     errors: tuple[str, ...] = ()
     devices: tuple[DeviceRow, ...] = ()  # GPUs read through NVML; none without one
+    notice: str = ""  # why every session falls back from the GPU asked for (each loaded row's note repeats it)
 
 
 def worker_heartbeat(report: WorkerReport) -> None:
@@ -338,6 +339,7 @@ def worker_heartbeat(report: WorkerReport) -> None:
             "loaded": [row.as_json() for row in report.loaded],
             "errors": list(report.errors),
             "devices": [row.as_json() for row in report.devices],
+            "notice": report.notice,
             "started_at": report.started_at,
             "heartbeat_at": timezone.now(),
         },
@@ -387,6 +389,7 @@ class FleetWorker:
     loaded: tuple[LoadedRow, ...]
     errors: tuple[str, ...]
     devices: tuple[DeviceRow, ...] = ()
+    notice: str = ""
 
 
 def fleet_list(*, online_only: bool = False, seen_within: timedelta | None = None) -> list[FleetWorker]:
@@ -410,6 +413,7 @@ def fleet_list(*, online_only: bool = False, seen_within: timedelta | None = Non
             loaded=tuple(LoadedRow.from_json(row) for row in worker.loaded),
             errors=tuple(worker.errors),
             devices=tuple(DeviceRow.from_json(row) for row in worker.devices or ()),
+            notice=worker.notice,
         )
         for worker in workers
     ]

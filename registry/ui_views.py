@@ -37,8 +37,15 @@ from registry.api.multipart import MultipartUpload
 from registry.audit import actor_from_request, audit_access_denied, audit_event_list
 from registry.audit_verify import audit_verify
 from registry.auth import has_role
-from registry.comparison import compare, policy_violations
-from registry.errors import InvalidInput, PayloadTooLarge, PermissionDenied, RegistryError
+from registry.comparison import compare, file_changes, policy_violations
+from registry.errors import (
+    ForceNeedsReason,
+    ForceRequired,
+    InvalidInput,
+    PayloadTooLarge,
+    PermissionDenied,
+    RegistryError,
+)
 from registry.models import (
     PRODUCTION,
     Alias,
@@ -83,6 +90,15 @@ def refusal(request: HttpRequest, exc: RegistryError) -> int:
     if isinstance(exc, PermissionDenied):
         audit_access_denied(request=request, reason=exc.message)
     return status_for(exc) or 400
+
+
+def _form_wording(exc: RegistryError) -> str:
+    """The service's message, with what it tells an API client to send worded for the page's own controls."""
+    if isinstance(exc, ForceRequired):
+        return f"{exc.refusal} Tick Force and give a reason to set it anyway."
+    if isinstance(exc, ForceNeedsReason):
+        return "Force needs a reason: write it in the Reason box."
+    return exc.message
 
 
 def _form_refusal(form: UiForm) -> InvalidInput:
@@ -231,16 +247,40 @@ def _version_or_404(model: RegisteredModel, number: int) -> ModelVersion:
     return version
 
 
+_FAILED_UPLOAD = "Version {} uploaded, validation failed."
+
+
+def _upload_tag(version: ModelVersion) -> str:
+    return f"upload-{version.pk}"
+
+
+def _settle_upload_banner(request: HttpRequest, version: ModelVersion) -> None:
+    """The upload's banner, written when the upload was answered, says so if validation has failed since.
+
+    Without a broker validation ends before the answer; with one it runs after it, and may end before the
+    version's page is shown.
+    """
+    if version.status != VersionStatus.FAILED:
+        return
+    for message in messages.get_messages(request):
+        if message.extra_tags == _upload_tag(version):
+            message.level, message.message = messages.ERROR, _FAILED_UPLOAD.format(version.version)
+
+
 @login_required
 def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse:
     model = get_object_or_404(RegisteredModel, name=name)
     version = _version_or_404(model, number)
+    _settle_upload_banner(request, version)
+    fleet = selectors.version_fleet_state(model=model.name, version=version.version)
     context = {
         "model": model,
         "version": version,
         "files": list(version.files.all()),
         "aliases": [alias for alias in selectors.alias_list(model=model) if alias.version_id == version.pk],
-        "fleet": selectors.version_fleet_state(model=model.name, version=version.version),
+        # Why a host serves on the CPU is said once per host above the table, not on each of its rows.
+        "fleet": [(worker, row, _without_notice(row.note, worker.notice) if row else "") for worker, row in fleet],
+        "fleet_notices": sorted({(worker.host, worker.notice) for worker, _ in fleet if worker.notice}),
         "others": [v.version for v in selectors.version_list(model=model) if v.pk != version.pk],
         "metadata": json.dumps(version.metadata, indent=2, sort_keys=True) if version.metadata else "",
         "settled": version.status in (VersionStatus.READY, VersionStatus.FAILED),
@@ -319,7 +359,10 @@ def version_upload_page(request: HttpRequest, name: str) -> HttpResponse:
         return JsonResponse(answer.data, status=answer.status_code)
     version.refresh_from_db()  # in-process validation may already have finished
     url = reverse("ui:version", kwargs={"name": model.name, "number": version.version})
-    messages.success(request, f"Version {version.version} uploaded.")
+    if version.status == VersionStatus.FAILED:
+        messages.error(request, _FAILED_UPLOAD.format(version.version), extra_tags=_upload_tag(version))
+    else:
+        messages.success(request, f"Version {version.version} uploaded.", extra_tags=_upload_tag(version))
     return JsonResponse({"version": version.version, "status": version.status, "url": url}, status=201)
 
 
@@ -339,21 +382,6 @@ def _metadata_diff(old: dict[str, Any], new: dict[str, Any]) -> list[dict[str, A
             }
         )
     return rows
-
-
-def _file_diff(old: ModelVersion, new: ModelVersion) -> list[dict[str, Any]]:
-    before = {f.name: f for f in old.files.all()}
-    after = {f.name: f for f in new.files.all()}
-    names = list(before) + [name for name in after if name not in before]
-    return [
-        {
-            "name": name,
-            "before": before.get(name),
-            "after": after.get(name),
-            "same": name in before and name in after and before[name].sha256 == after[name].sha256,
-        }
-        for name in names
-    ]
 
 
 def comparison(old: ModelVersion, new: ModelVersion, alias: Alias | None = None) -> dict[str, Any]:
@@ -376,7 +404,7 @@ def comparison(old: ModelVersion, new: ModelVersion, alias: Alias | None = None)
         "signature": changes,
         "breaking": [problem for change in changes for problem in change.breaking],
         "metadata": _metadata_diff(old.metadata or {}, new.metadata or {}),
-        "files": _file_diff(old, new),
+        "files": file_changes(list(old.files.all()), list(new.files.all())),
         "size_change": new.size_bytes - old.size_bytes,
     }
 
@@ -455,7 +483,7 @@ def promotion_request(request: HttpRequest, name: str) -> HttpResponse:
             actor=actor_from_request(request),
         )
     except RegistryError as exc:
-        return _promote_page(request, model, form, error=exc.message, status=refusal(request, exc))
+        return _promote_page(request, model, form, error=_form_wording(exc), status=refusal(request, exc))
     alias, number = form.cleaned_data["alias"], form.cleaned_data["version"]
     if outcome.promotion is not None:
         messages.success(
@@ -565,6 +593,10 @@ def promotion_decide(request: HttpRequest, promotion_id: int, decision: str) -> 
 AUDIT_FILTERS = ("actor", "action", "model")
 
 
+def _json_text(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+
+
 @login_required
 def audit_index(request: HttpRequest) -> HttpResponse:
     if not has_role(request.user, Role.AUDITOR):
@@ -594,6 +626,10 @@ def audit_index(request: HttpRequest) -> HttpResponse:
         events = events.filter(seq__lt=before)
     page = list(events[: AUDIT_PAGE_SIZE + 1])
     older = page[AUDIT_PAGE_SIZE - 1].seq if len(page) > AUDIT_PAGE_SIZE else None
+    for event in page:
+        # Shown as the JSON the API and the exports give, not as Python's repr of it.
+        event.before_json = _json_text(event.before)  # type: ignore[attr-defined]
+        event.after_json = _json_text(event.after)  # type: ignore[attr-defined]
     query = {key: value for key, value in {**filters, **times, "tz": zone}.items() if value}
     export = {**filters, **{key: value.isoformat() for key, value in bounds.items() if value is not None}}
     context: dict[str, Any] = {
@@ -613,14 +649,36 @@ def audit_index(request: HttpRequest) -> HttpResponse:
 # --- Fleet --------------------------------------------------------------------------------------------
 
 
+def _without_notice(note: str, notice: str) -> str:
+    """A loaded version's note less the host's notice (its first part), which the page says once for the host."""
+    if notice and note == notice:
+        return ""
+    if notice and note.startswith(f"{notice}; "):
+        return note[len(notice) + 2 :]
+    return note
+
+
 @login_required
 def fleet_index(request: HttpRequest) -> HttpResponse:
-    workers = [
-        {
+    hosts: dict[str, dict[str, Any]] = {}
+    workers = []
+    for worker in serving.fleet_list():
+        host = hosts.setdefault(worker.host, {"host": worker.host, "notices": [], "workers": []})
+        if worker.notice and worker.notice not in host["notices"]:
+            host["notices"].append(worker.notice)
+        row = {
             "worker": worker,
             "online": worker.online,
-            "rows": [(row, traffic_charts(row.traffic, until=worker.heartbeat_at)) for row in worker.loaded],
+            "rows": [
+                (
+                    item,
+                    _without_notice(item.note, worker.notice),
+                    traffic_charts(item.traffic, until=worker.heartbeat_at),
+                )
+                for item in worker.loaded
+            ],
         }
-        for worker in serving.fleet_list()
-    ]
-    return render(request, "modelyard/ui/fleet.html", {"workers": workers})
+        host["workers"].append(row)
+        workers.append(row)
+    context = {"hosts": [hosts[name] for name in sorted(hosts)], "workers": workers}
+    return render(request, "modelyard/ui/fleet.html", context)

@@ -115,12 +115,23 @@ def printable(text: str) -> str:
     return "".join(char if char.isprintable() else f"\\x{ord(char):02x}" for char in text)
 
 
-def _first_line(exc: BaseException) -> str:
+def readable(text: str) -> str:
+    """``text`` as lines a person reads: line breaks kept (blank lines and trailing spaces dropped), other
+    control characters escaped as :func:`printable` does.
+
+    Library messages (onnx.checker's "==> Context: ..." part, a child's traceback) span lines; their
+    first line is the reason, and the pages and the command line show the rest below it.
+    """
+    lines = (line.rstrip() for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n"))
+    return "\n".join(printable(line) for line in lines if line)
+
+
+def _message(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     # ORT prefixes messages with a C++ source location; keep what a person can act on.
     if "] : " in text and text.startswith("[ONNXRuntimeError]"):
         text = text.split("] : ", 1)[1]
-    return printable(text)
+    return readable(text)
 
 
 # How libraries say that an allocation failed. Inside the validation child this is its memory limit
@@ -152,7 +163,7 @@ def out_of_memory(exc: BaseException) -> bool:
 
 def _reraise_if_out_of_memory(exc: BaseException) -> None:
     if out_of_memory(exc):
-        raise MemoryError(_first_line(exc)) from exc
+        raise MemoryError(_message(exc)) from exc
 
 
 def _run_on(session: Any, feeds: dict[str, Any], failure: str) -> list[str]:
@@ -161,7 +172,7 @@ def _run_on(session: Any, feeds: dict[str, Any], failure: str) -> list[str]:
         session.run(None, feeds)
     except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
         _reraise_if_out_of_memory(exc)
-        return [f"{failure}: {_first_line(exc)}"]
+        return [f"{failure}: {_message(exc)}"]
     return []
 
 
@@ -335,7 +346,7 @@ def validate_bundle(
         model = onnx.load(str(model_path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001 - protobuf raises several types
         _reraise_if_out_of_memory(exc)
-        result.errors.append(f"the file is not a readable ONNX model: {_first_line(exc)}")
+        result.errors.append(f"the file is not a readable ONNX model: {_message(exc)}")
         return result
 
     result.ir_version = model.ir_version
@@ -355,7 +366,7 @@ def validate_bundle(
         onnx.checker.check_model(str(model_path), full_check=True)
     except Exception as exc:  # noqa: BLE001 - checker and inference errors share no base
         _reraise_if_out_of_memory(exc)
-        result.errors.append(f"onnx.checker rejected the model: {_first_line(exc)}")
+        result.errors.append(f"onnx.checker rejected the model: {_message(exc)}")
         return result
 
     on_step("inferring shapes")
@@ -365,7 +376,7 @@ def validate_bundle(
         inferred = onnx.load(str(inferred_path), load_external_data=False)
     except Exception as exc:  # noqa: BLE001
         _reraise_if_out_of_memory(exc)
-        result.errors.append(f"shape inference failed: {_first_line(exc)}")
+        result.errors.append(f"shape inference failed: {_message(exc)}")
         return result
     finally:
         inferred_path.unlink(missing_ok=True)
@@ -410,7 +421,7 @@ def _text_signature(path: Path, signature: dict[str, Any], max_bytes: int) -> di
             tokenizer.enable_truncation(spec["max_tokens"])
         encodings = tokenizer.encode_batch(texts)
     except Exception as exc:  # noqa: BLE001 - the Rust library raises plain Exception
-        raise TokenizerError(f"{TOKENIZER_FILE} could not tokenise a test sentence: {_first_line(exc)}") from None
+        raise TokenizerError(f"{TOKENIZER_FILE} could not tokenise a test sentence: {_message(exc)}") from None
     signature["text"] = spec
     length = spec["fixed_length"] or max(len(encoding.ids) for encoding in encodings)
     return pad_encodings(encodings, spec, pad_id=pad_id, length=length)
@@ -439,7 +450,7 @@ def _run_once(
         session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
         _reraise_if_out_of_memory(exc)
-        return [f"ONNX Runtime could not load the model: {_first_line(exc)}"]
+        return [f"ONNX Runtime could not load the model: {_message(exc)}"]
     if samples is not None:
         try:
             feeds = sample_inputs(samples.read_bytes(), result.signature)
@@ -465,7 +476,7 @@ def _run_once(
         result.warnings.append(f"skipped the test run: {exc}")
         return []
     except ValueError as exc:  # numpy refuses shapes it cannot address at all
-        return [f"the test run cannot build its synthetic inputs ({largest}): {_first_line(exc)}"]
+        return [f"the test run cannot build its synthetic inputs ({largest}): {_message(exc)}"]
     on_step("running the model once in ONNX Runtime")
     try:
         session.run(None, feeds)
@@ -475,12 +486,12 @@ def _run_once(
         if strings:
             # "a" in every string means nothing to a model that parses its strings: not the model's fault.
             result.warnings.append(
-                f"the test run on synthetic inputs failed: {_first_line(exc)}. The model takes string input(s) "
+                f"the test run on synthetic inputs failed: {_message(exc)}. The model takes string input(s) "
                 f'{", ".join(printable(name) for name in strings)}, which validation fills with "a"; upload '
                 f"{SAMPLE_INPUTS} (a /v2 JSON inference request) with the version to test it on real inputs"
             )
             return []
-        return [f"ONNX Runtime could not run the model on synthetic inputs: {_first_line(exc)}"]
+        return [f"ONNX Runtime could not run the model on synthetic inputs: {_message(exc)}"]
     return []
 
 

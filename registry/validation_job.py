@@ -18,7 +18,7 @@ from django.db import DatabaseError, connection
 
 from registry import services
 from registry.models import FileRole, ModelVersion
-from registry.validation import ValidationResult, printable
+from registry.validation import ValidationResult, readable
 from registry.validation_process import validate_in_child
 from storage import ObjectNotFound, StorageUnavailable, get_storage
 from storage.base import copy_stream
@@ -75,7 +75,7 @@ def validate_stored_version(version: ModelVersion) -> ValidationResult:
         raise
     except Exception as exc:  # anything else would fail again on every retry: record it
         logger.exception("validation of version %s could not finish", version.pk)
-        return ValidationResult(errors=[f"validation could not finish: {type(exc).__name__}: {printable(str(exc))}"])
+        return ValidationResult(errors=[f"validation could not finish: {type(exc).__name__}: {readable(str(exc))}"])
 
 
 def _validate_stored_version(version: ModelVersion) -> ValidationResult:

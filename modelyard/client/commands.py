@@ -100,6 +100,14 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _print_lines(prefix: str, text: str, *, file: IO[str] | None = None) -> None:
+    """A message of several lines (its reason, then a library's detail), the later lines under the first."""
+    first, *rest = text.splitlines() or [""]
+    print(prefix + first, file=file)
+    for line in rest:
+        print(" " * len(prefix) + line, file=file)
+
+
 # --- Commands ----------------------------------------------------------------------------------------
 
 
@@ -143,11 +151,11 @@ def cmd_push(args: argparse.Namespace, client: Client) -> int:
         print(f"Version {version.version} of '{args.name}' is ready (sha256 {version.sha256}).")
         _signature(version)
         for warning in version.warnings:
-            print(f"  warning: {warning}")
+            _print_lines("  warning: ", warning)
     elif version.status == "failed":
         print(f"Version {version.version} of '{args.name}' failed validation:", file=sys.stderr)
         for error in version.errors:
-            print(f"  - {error}", file=sys.stderr)
+            _print_lines("  - ", error, file=sys.stderr)
     else:
         print(f"Version {version.version} of '{args.name}' is uploaded and {version.status} validation.")
     return 1 if version.status == "failed" else 0
@@ -183,9 +191,9 @@ def cmd_show(args: argparse.Namespace, client: Client) -> int:
         print(f"  file     {file.name}  {file.role}  {_size(file.size_bytes)}  {file.sha256}")
     _signature(version)
     for error in version.errors:
-        print(f"  error    {error}")
+        _print_lines("  error    ", error)
     for warning in version.warnings:
-        print(f"  warning  {warning}")
+        _print_lines("  warning  ", warning)
     return 0
 
 

@@ -54,6 +54,7 @@ class WorkerSerializer(serializers.Serializer[serving.FleetWorker]):
     started_at = serializers.DateTimeField()
     loaded = LoadedRowSerializer(many=True)
     devices = DeviceSerializer(many=True)  # GPUs and their memory in use (NVML); empty without one
+    notice = serializers.CharField(help_text="why it serves on the CPU though a GPU was asked for; '' otherwise")
     # DRF takes declared fields out of the class, so this does not shadow Serializer.errors at run time.
     errors = serializers.ListField(child=serializers.CharField())  # type: ignore[assignment]
 

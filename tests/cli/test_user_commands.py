@@ -18,6 +18,7 @@ import numpy as np
 import onnxruntime as ort
 
 from tests.support.embedded import LiveServer
+from tests.support.onnx_models import unknown_op_model
 from tests.support.polling import eventually
 from tests.support.webhooks import webhook_receiver
 
@@ -204,6 +205,24 @@ def test_refusals_exit_1_with_the_servers_message_and_json_for_scripts(live: Liv
     )
     assert unconfigured.returncode == 2
     assert unconfigured.stderr.startswith("modelyard models: no server: pass --url, set MODELYARD_URL")
+
+
+def test_a_failed_push_prints_each_error_as_its_reason_with_the_detail_lines_below(live: LiveServer):
+    token = ("--token", live.createtoken("fay", "maintainer"))
+    model = live.folder / "frobnicate.onnx"
+    model.write_bytes(unknown_op_model().SerializeToString())
+    reason = "onnx.checker rejected the model: No Op registered for FrobnicateTensor with domain_version of 17"
+    detail = "==> Context: Bad node spec for node. Name:  OpType: FrobnicateTensor"
+    pushed = live.run("push", "frobnicate", str(model), "--quiet", *token)
+    assert pushed.returncode == 1
+    assert pushed.stderr.endswith(f"Version 1 of 'frobnicate' failed validation:\n  - {reason}\n    {detail}\n"), (
+        pushed.stderr
+    )
+    shown = ok(live.run("show", "frobnicate", "1", *token))
+    assert f"  error    {reason}\n           {detail}\n" in shown.stdout
+    assert json.loads(ok(live.run("show", "frobnicate", "1", "--json", *token)).stdout)["errors"] == [
+        f"{reason}\n{detail}"
+    ]
 
 
 def test_an_upload_over_the_limit_is_refused_with_the_servers_message(live: LiveServer):

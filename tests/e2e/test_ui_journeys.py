@@ -19,10 +19,11 @@ from zoneinfo import ZoneInfo
 import pytest
 import requests
 from django.contrib.auth import get_user_model
+from django.utils import timezone
 from playwright.sync_api import expect
 
 from modelyard.env import StorageConfig
-from registry import promotions, services, tasks
+from registry import promotions, services, serving, tasks
 from registry.audit import Actor
 from registry.models import (
     PRODUCTION,
@@ -34,6 +35,7 @@ from registry.models import (
     RegisteredModel,
     Role,
 )
+from registry.serving import LoadedRow, LoadState, TrafficBucket, WorkerReport
 from registry.uploads import LocalUpload, version_upload
 from storage import get_storage
 from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
@@ -44,6 +46,7 @@ from tests.support.ui import LAPTOP, PHONE, UiServer, csp_violations, csrf_token
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 X = [[0.5, 1.0, 1.5, 2.0]]
+MINUS = "\u2212"
 
 
 @pytest.fixture(scope="module")
@@ -330,7 +333,7 @@ def test_4_breaking_version_needs_force_and_a_reason_and_the_approver_sees_it(se
     alert = page.locator(".flash.error[role=alert]").first
     expect(alert).to_contain_text("not compatible")
     assert "not compatible with version 1" in alert.inner_text()
-    assert "Send force=true with a reason" in alert.inner_text()
+    assert "Tick Force and give a reason to set it anyway." in alert.inner_text()
     assert not PromotionRequest.objects.filter(state="pending").exists()
     # With force and the reason it is requested.
     page.check("input[name=force]")
@@ -598,3 +601,183 @@ def test_error_pages_are_html_in_the_ui_and_json_in_the_api(server, browser):
     headers = page.goto(f"{server.url}/ui/").headers
     policy = headers["content-security-policy"]
     assert "script-src 'self'" in policy and "style-src 'self'" in policy and "unsafe-inline" not in policy
+
+
+# --- 8. The fleet on a phone: rows become cards, charts have axes, a host's notice is said once ---------------
+
+# Every element of the page that is drawn: where it lies past either edge of the viewport, or what a box that
+# scrolls or clips sideways hides. Hidden elements (clipped, as a table's header is on a phone, or put wholly
+# off the left edge, as the skip link is until it has the focus) do not count.
+CUT_OFF = """() => {
+  const width = document.documentElement.clientWidth;
+  const name = (el) => el.tagName.toLowerCase() + (el.id ? `#${el.id}` : "") +
+    (el.className && typeof el.className === "string" ? `.${el.className.trim().split(/\\s+/).join(".")}` : "");
+  const hidden = (el) => {
+    for (let at = el; at; at = at.parentElement) if (getComputedStyle(at).clipPath !== "none") return true;
+    return false;
+  };
+  const cut = [];
+  for (const el of document.querySelectorAll("body *")) {
+    const box = el.getBoundingClientRect();
+    if ((!box.width && !box.height) || box.right <= 0 || hidden(el)) continue;
+    if (box.left < -0.5 || box.right > width + 0.5) cut.push(`${name(el)} spans ${box.left}..${box.right} of ${width}`);
+    const style = getComputedStyle(el);
+    if (["auto", "scroll", "hidden"].includes(style.overflowX) && el.scrollWidth > el.clientWidth + 1) {
+      cut.push(`${name(el)} hides ${el.scrollWidth - el.clientWidth} px sideways`);
+    }
+  }
+  return cut;
+}"""
+
+NO_CUDA = (
+    "this ONNX Runtime build has no CUDA provider (onnxruntime 1.0, the CPU wheel, is installed; install "
+    "modelyard[gpu])"
+)
+
+
+def test_8_the_fleet_fits_a_phone_with_nothing_cut_off_and_its_charts_have_axes(server, browser):
+    person("vic", Role.VIEWER)
+    now = timezone.now().timestamp() // 10 * 10
+    traffic = tuple(
+        TrafficBucket(start=now - 10 * i, seconds=10, requests=40 + i, errors=i % 3, p50_ms=4.2 + i, p99_ms=19.0 + i)
+        for i in range(1, 12)
+    )
+    row = LoadedRow(
+        model="sentence-embeddings-multilingual-large",
+        version=12,
+        state=LoadState.READY,
+        aliases=("production", "canary-eu-west"),
+        provider="CPUExecutionProvider",
+        note=f"{NO_CUDA}; CUDA graphs are off for this model: input_ids, attention_mask have dynamic dimensions",
+        load_seconds=1.234,
+        memory_bytes=512 * 2**20,
+        instances=2,
+        traffic=traffic,
+    )
+    for worker_id in ("inference-cpu-node-with-a-long-name-0001", "inference-cpu-node-with-a-long-name-0002"):
+        serving.worker_heartbeat(
+            WorkerReport(
+                worker_id=worker_id,
+                host="cpu-node-17.inference.example.internal",
+                pid=4242,
+                device="cpu (no CUDA in this ONNX Runtime build)",
+                provider="CPUExecutionProvider",
+                started_at=timezone.now(),
+                loaded=(row,),
+                notice=NO_CUDA,
+            )
+        )
+    page = login(browser, server.url, "vic")
+    page.set_viewport_size(PHONE)
+    page.goto(f"{server.url}/ui/fleet")
+    host = page.locator("section.host[data-host='cpu-node-17.inference.example.internal']")
+    notice = host.locator("[data-notice]")
+    assert notice.count() == 1 and "no CUDA provider" in notice.inner_text()
+    assert "no CUDA provider" not in host.locator("table.loaded").first.inner_text()  # said once, not per row
+    cells = host.locator("table.loaded").first.locator("tbody tr").first.locator("td")
+    assert cells.evaluate_all("tds => tds.map(td => getComputedStyle(td).display)") == ["block"] * 4  # a card
+    chart = host.locator("[data-series='p99']").first
+    assert chart.locator("text.unit").text_content() == "ms"
+    assert chart.locator("text.y").all_text_contents() == ["0", "15", "30"]  # 19..30 ms: the axis ends at 30
+    assert chart.locator("text.x").all_text_contents() == [f"{MINUS}{n} min" for n in (4, 3, 2, 1)] + ["now"]
+    shoot(page, "phone-fleet-cards")
+    assert page.evaluate(CUT_OFF) == []
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    assert csp_violations(page) == []
+
+
+# --- 9. Sortable columns on the models, versions and audit pages ----------------------------------------------
+
+
+def column(page: Any, table: str, index: int) -> list[str]:
+    return page.eval_on_selector_all(f"#{table} tbody tr", f"rows => rows.map(r => r.cells[{index}].innerText.trim())")
+
+
+def sort_by(page: Any, table: str, header: str) -> str:
+    """Click a column's header; return its aria-sort afterwards."""
+    cell = page.locator(f"#{table} thead th", has_text=header)
+    cell.get_by_role("button").click()
+    return cell.get_attribute("aria-sort")
+
+
+def test_9_the_models_versions_and_audit_tables_sort_by_a_column(server, browser):
+    mia = person("mia", Role.MAINTAINER, Role.AUDITOR)
+    boss = person("boss", Role.APPROVER)
+    for name in ("beta", "alpha", "gamma"):
+        services.model_create(name=name, actor=mia)
+    upload("alpha", mia)
+    for width in (8, 4, 16):
+        upload("beta", mia, width=width)
+    promote("beta", 1, mia, boss)
+    page = login(browser, server.url, "mia")
+
+    page.goto(f"{server.url}/ui/")
+    assert column(page, "models", 0) == ["alpha", "beta", "gamma"]  # the server's order: by name
+    assert sort_by(page, "models", "Name") == "descending"
+    assert column(page, "models", 0) == ["gamma", "beta", "alpha"]
+    assert sort_by(page, "models", "Latest") == "ascending"
+    assert column(page, "models", 0) == ["gamma", "alpha", "beta"]  # none, v1, v3
+    assert page.locator("#models thead th", has_text="Name").get_attribute("aria-sort") == "none"
+
+    page.goto(f"{server.url}/ui/models/beta")
+    assert column(page, "versions", 0) == ["v3", "v2", "v1"]
+    assert sort_by(page, "versions", "Size") == "ascending"
+    by_size = ModelVersion.objects.filter(model__name="beta").order_by("size_bytes")
+    assert column(page, "versions", 0) == [f"v{v.version}" for v in by_size]
+    assert sort_by(page, "versions", "Size") == "descending"
+    assert column(page, "versions", 0) == [f"v{v.version}" for v in reversed(by_size)]
+    assert sort_by(page, "versions", "Version") == "ascending"
+    assert column(page, "versions", 0) == ["v1", "v2", "v3"]
+
+    page.goto(f"{server.url}/ui/audit")
+    seqs = [int(seq) for seq in column(page, "events", 0)]
+    assert seqs == sorted(seqs, reverse=True)
+    assert sort_by(page, "events", "Actor") == "ascending"
+    actors = column(page, "events", 2)
+    assert actors == sorted(actors, key=str.lower) and {"mia", "boss"} <= set(actors)
+    assert sort_by(page, "events", "#") == "ascending"
+    assert [int(seq) for seq in column(page, "events", 0)] == sorted(seqs)
+    shoot(page, "audit-sorted")
+    assert csp_violations(page) == []
+
+
+# --- 10. Copy buttons for digests, tokens and URLs ---------------------------------------------------------------
+
+
+def copy(page: Any, label: str) -> str:
+    """Click the Copy button labelled ``Copy <label>``; return what the clipboard then holds."""
+    button = page.get_by_role("button", name=f"Copy {label}", exact=True)
+    button.click()
+    expect(button).to_have_text("Copied")
+    return page.evaluate("navigator.clipboard.readText()")
+
+
+def test_10_copy_buttons_copy_digests_tokens_and_urls(server, browser):
+    mia = person("mia", Role.MAINTAINER, Role.AUDITOR)
+    services.model_create(name="demo", actor=mia)
+    version = upload("demo", mia)
+    page = login(browser, server.url, "mia", permissions=["clipboard-read", "clipboard-write"])
+
+    page.goto(f"{server.url}/ui/models/demo/versions/1")
+    assert copy(page, "the sha256") == version.sha256
+    model_file = version.files.get()
+    assert copy(page, "the sha256 of model.onnx") == model_file.sha256
+    assert copy(page, "the inference URL") == f"{server.url}/v2/models/demo/versions/1/infer"
+    download = copy(page, "the download URL of model.onnx")
+    assert download == f"{server.url}/api/v1/models/demo/versions/1/download?file=model.onnx"
+
+    page.goto(f"{server.url}/ui/models/demo")
+    assert copy(page, "the sha256 of v1") == version.sha256
+    assert copy(page, "the inference URL") == f"{server.url}/v2/models/demo/infer"
+
+    page.goto(f"{server.url}/ui/tokens")
+    page.fill("#id_name", "ci")
+    page.get_by_role("button", name="Create token").click()
+    secret = page.locator("#token-secret").inner_text()
+    assert secret.startswith("my_") and copy(page, "the token") == secret
+
+    page.goto(f"{server.url}/ui/audit?action=version.upload")
+    event = AuditEvent.objects.get(action="version.upload")
+    page.locator("#events details summary").first.click()
+    assert copy(page, f"the hash of event {event.seq}") == event.hash
+    assert csp_violations(page) == []

@@ -28,6 +28,7 @@ from inference.sessions import (
     cuda_device_count,
     device_description,
     explain_provider_error,
+    host_notice,
     ort_distributions,
     provider_options,
 )
@@ -168,6 +169,23 @@ def test_fleet_shows_the_version_failed_with_the_reason_when_the_gpu_is_required
         f"GpuUnavailable: {NO_CUDA}{REQUIRED}",
     )
     assert runtime.router.resolve("demo") is None  # nothing serves it on the CPU
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cpu_host_reports_why_it_has_no_cuda_once_as_its_notice(owner, approver, make_runtime, settings):
+    settings.PROVIDERS = ["cuda", "cpu"]
+    create_model(owner)
+    upload_versions(owner, [1.0])
+    promote(owner, approver, 1)
+    runtime = make_runtime("inproc-cpu-host")
+    reconcile_until(runtime, lambda: runtime.router.resolve("demo"), what="demo never served")
+    runtime.heartbeat()
+    worker = InferenceWorker.objects.get(worker_id=runtime.worker_id)
+    assert worker.notice == NO_CUDA  # said once for the process; the fleet page says it once per host
+    [row] = worker.loaded
+    assert row["note"] == NO_CUDA  # each session's own note still says it, for the API and the version page
+    settings.PROVIDERS = ["cpu"]
+    assert host_notice() == ""  # no GPU asked for: nothing to explain
 
 
 @pytest.mark.parametrize(

@@ -206,3 +206,26 @@ def test_the_policy_refuses_what_it_cannot_check(mia: Person, admin: Person, can
     cleared = set_policy(admin, max_slowdown_percent=None)
     assert cleared.status_code == 200 and cleared.json()["max_slowdown_percent"] is None
     assert set_alias(mia, "production", 2).status_code == 202
+
+
+def test_the_request_page_offers_force_past_the_policy_and_says_to_tick_it(
+    mia: Person, admin: Person, candidate: ModelVersion
+) -> None:
+    set_policy(admin, max_slowdown_percent=5)  # v2's benchmark has not run; its signature is v1's
+    page = mia.client.get("/ui/models/demo/promote", {"alias": "production", "version": 2})
+    assert page.context["diff"]["breaking"] == [] and page.context["diff"]["policy_violations"]
+    assert b'<input type="checkbox" name="force" value="on">' in page.content
+
+    refused = mia.client.post("/ui/models/demo/promote", {"alias": "production", "version": "2", "reason": "x"})
+
+    assert refused.status_code == 409
+    assert refused.context["error"] == (
+        "version 2 breaks the policy of 'production' against version 1: max_slowdown_percent 5 cannot be "
+        "checked: no benchmark of versions 2 and 1 on one provider has finished. "
+        "Tick Force and give a reason to set it anyway."
+    )
+    forced = mia.client.post(
+        "/ui/models/demo/promote", {"alias": "production", "version": "2", "reason": "fp16 is fine", "force": "on"}
+    )
+    assert forced.status_code == 302
+    assert PromotionRequest.objects.get(state="pending").force is True

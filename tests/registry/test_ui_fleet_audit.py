@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -11,20 +12,52 @@ from django.utils import timezone
 from registry import serving
 from registry.models import AuditEvent, InferenceWorker, Role
 from registry.serving import LoadedRow, LoadState, TrafficBucket, WorkerReport
-from registry.ui_charts import sparkline, traffic_charts
+from registry.ui_charts import line_chart, nice_ceiling, traffic_charts
 from tests.support.audit_factory import append_bulk_events
 from tests.support.people import login_person
 
 pytestmark = pytest.mark.django_db
 
+MINUS = "\u2212"
 
-def test_a_sparkline_scales_into_its_box_and_breaks_at_missing_values():
-    line = sparkline("p50", [1.0, 2.0, None, 4.0, None], " ms")
-    assert line.segments == ("2.0,20.0 31.0,14.0", "86.0,2.0 89.0,2.0")  # the lone point is a short dash
-    assert (line.latest, line.peak) == ("4 ms", "4 ms")  # the newest interval has only begun
-    idle = sparkline("requests/s", [None, None], idle=0.0)
-    assert (idle.segments, idle.latest, idle.peak) == (("2.0,26.0 118.0,26.0",), "0", "0")
-    assert sparkline("p99", [None, None], " ms").segments == ()
+
+def test_a_chart_has_a_value_axis_up_to_a_round_number_and_breaks_at_missing_values():
+    chart = line_chart("p50", [1.0, 2.0, None, 4.0, None], title="p50 latency", unit="ms", suffix=" ms")
+    assert chart.segments == ("34.0,72.5 83.5,53.0", "179.5,14.0 182.5,14.0")  # the lone point is a short dash
+    # The value axis: 0 at the bottom of the plot, up to the round number above the peak, in the series' unit.
+    assert (chart.unit, chart.y_ticks) == ("ms", (("92.0", "0"), ("53.0", "2"), ("14.0", "4")))
+    assert (chart.latest, chart.peak) == ("4 ms", "4 ms")  # the newest interval has only begun
+    idle = line_chart("requests/s", [None, None], title="Requests", unit="requests/s", idle=0.0)
+    assert (idle.segments, idle.latest, idle.peak) == (("34.0,92.0 232.0,92.0",), "0", "0")
+    assert idle.y_ticks[-1] == ("14.0", "1")
+    assert line_chart("p99", [None, None], title="p99 latency", unit="ms").segments == ()
+
+
+@pytest.mark.parametrize(
+    ("peak", "top"),
+    [(0.0, 1.0), (0.3, 0.3), (2.2, 2.5), (4.0, 4.0), (7.0, 8.0), (12.0, 20.0), (30.5, 40.0), (1000.0, 1000.0)],
+)
+def test_the_value_axis_ends_at_a_round_number(peak, top):
+    assert nice_ceiling(peak) == pytest.approx(top)
+
+
+def test_each_chart_names_its_unit_and_its_time_axis_counts_minutes_back_to_now():
+    heartbeat = datetime(2026, 1, 1, 12, 0, 5, tzinfo=UTC)
+    charts = traffic_charts((), until=heartbeat)
+    assert [(c.label, c.title, c.unit) for c in charts] == [
+        ("requests/s", "Requests", "requests/s"),
+        ("p50", "p50 latency", "ms"),
+        ("p99", "p99 latency", "ms"),
+        ("errors", "Errors", "errors per 10 s"),
+    ]
+    # The time axis: a tick a minute, back from the newest interval at the right edge.
+    assert charts[0].x_ticks == (
+        ("68.1", f"{MINUS}4 min"),
+        ("109.1", f"{MINUS}3 min"),
+        ("150.1", f"{MINUS}2 min"),
+        ("191.0", f"{MINUS}1 min"),
+        ("232.0", "now"),
+    )
 
 
 def test_traffic_lies_on_the_five_minutes_before_the_heartbeat():
@@ -68,6 +101,58 @@ def test_fleet_page_draws_each_versions_traffic():
     assert "HashMismatch: x" in html and "2 failed attempts" in html
     assert html.count('class="traffic"') == 1  # a failed version has no traffic to draw
     assert 'data-refresh="10"' in html
+    # Each chart has its axes: the unit above the value axis, its round top, minutes back to now.
+    assert '<text class="unit" x="34" y="9">requests/s</text>' in html
+    assert '<text class="unit" x="34" y="9">ms</text>' in html
+    assert '<text class="unit" x="34" y="9">errors per 10 s</text>' in html
+    assert '<text class="y" x="30" y="14.0">20</text>' in html  # p99's axis: 19 ms rounds up to 20
+    assert (
+        f'<text class="x" x="68.1" y="106">{MINUS}4 min</text>' in html
+        and '<text class="x" x="232.0" y="106">now</text>' in html
+    )
+
+
+NO_CUDA = (
+    "this ONNX Runtime build has no CUDA provider (onnxruntime 1.0, the CPU wheel, is installed; install "
+    "modelyard[gpu])"
+)
+
+
+def test_fleet_page_says_a_hosts_notice_once_not_on_every_row():
+    rows = (
+        LoadedRow(model="a", version=1, state=LoadState.READY, note=NO_CUDA),
+        LoadedRow(
+            model="b", version=1, state=LoadState.READY, note=f"{NO_CUDA}; CUDA graphs are off for this model: x"
+        ),
+    )
+    for worker_id, host in (("w1", "h"), ("w2", "h"), ("w3", "g")):
+        serving.worker_heartbeat(
+            WorkerReport(
+                worker_id=worker_id,
+                host=host,
+                pid=1,
+                device="cpu (no CUDA in this ONNX Runtime build)",
+                provider="CPUExecutionProvider",
+                started_at=timezone.now(),
+                loaded=rows,
+                notice=NO_CUDA,
+            )
+        )
+    vic = login_person("vic", Role.VIEWER)
+    assert [worker["notice"] for worker in vic.get("/api/v1/fleet").json()] == [NO_CUDA] * 3  # the API says it too
+    response = vic.client.get("/ui/fleet")
+    html = response.content.decode()
+    assert [(host["host"], len(host["workers"]), host["notices"]) for host in response.context["hosts"]] == [
+        ("g", 1, [NO_CUDA]),
+        ("h", 2, [NO_CUDA]),
+    ]
+    assert html.count("no CUDA provider") == 2  # once per host, not on each of the six rows
+    assert (
+        html.count(f'<p class="flash warn wrap" data-notice>Serves on the CPU: {NO_CUDA}</p>'.replace("'", "&#x27;"))
+        == 2
+    )
+    # What else a row's note says stays on the row.
+    assert html.count('<div class="muted small wrap" data-note>CUDA graphs are off for this model: x</div>') == 3
 
 
 def test_fleet_page_with_no_worker_says_how_to_start_one():
@@ -135,7 +220,12 @@ def test_audit_page_shows_before_and_after_and_names_the_first_bad_event(auditor
     page = auditor.client.get("/ui/audit", {"verify": "1", "action": "model.create"})
     last = AuditEvent.objects.order_by("-seq").first()
     assert f"verified up to #{last.seq}".encode() in page.content
-    assert b"&#x27;description&#x27;: &#x27;d&#x27;" in page.content  # the event's after
+    # The event's after, as the JSON the API and the exports give (not Python's repr of a dict).
+    event = AuditEvent.objects.get(action="model.create")
+    assert event.after["description"] == "d" and event.before is None
+    shown = json.dumps(event.after, indent=2, sort_keys=True).replace('"', "&quot;")
+    assert f'<div class="small muted">after</div><pre class="json">{shown}</pre>'.encode() in page.content
+    assert b"&#x27;description&#x27;" not in page.content and b"None" not in page.content
     victim = AuditEvent.objects.get(action="model.create")
     with connection.cursor() as cursor:
         cursor.execute("ALTER TABLE registry_auditevent DISABLE TRIGGER USER")

@@ -201,10 +201,35 @@ def test_version_page_shows_signature_files_details_and_the_fleet(maintainer, vi
     assert '<td><code>x</code></td><td>FP32</td><td class="mono">[-1, 4]</td>' in html
     assert 'href="/api/v1/models/demo/versions/1/download?file=tokenizer.json"' in html
     assert 'href="/api/v1/models/demo/versions/1/download?file=model.onnx"' in html
-    [(worker, row)] = response.context["fleet"]
+    [(worker, row, _)] = response.context["fleet"]
     assert (worker.worker_id, row.state, row.error) == ("w1", "failed", "HashMismatch: x")
     assert "HashMismatch: x" in html
     assert "data-poll-url" not in html  # decided: nothing to wait for
+
+
+NO_CUDA = "this ONNX Runtime build has no CUDA provider (install modelyard[gpu])"
+
+
+def test_the_version_page_says_a_hosts_cpu_notice_once_not_on_each_process(maintainer, viewer):
+    create_model(maintainer)
+    upload_versions(maintainer, [1.0])
+    now = timezone.now()
+    for worker_id in ("w1", "w2"):
+        InferenceWorker.objects.create(
+            worker_id=worker_id,
+            host="cpu-host",
+            pid=1,
+            device="cpu (no CUDA in this ONNX Runtime build)",
+            provider="CPUExecutionProvider",
+            started_at=now,
+            heartbeat_at=now,
+            notice=NO_CUDA,
+            loaded=[{"model": "demo", "version": 1, "aliases": [], "state": "ready", "note": f"{NO_CUDA}; other"}],
+        )
+    html = viewer.client.get("/ui/models/demo/versions/1").content.decode()
+    assert html.count("no CUDA provider") == 1
+    assert f'<p class="flash warn wrap" data-notice>cpu-host serves on the CPU: {NO_CUDA}</p>' in html
+    assert html.count('<span class="muted">other</span>') == 2
 
 
 def test_a_version_still_validating_asks_the_page_to_poll(maintainer, viewer):
@@ -237,11 +262,44 @@ def test_compare_shows_breaking_changes_metadata_and_files(maintainer, viewer):
         ("output", "y", "changed", True),
     ]
     assert [(row["key"], row["changed"]) for row in diff["metadata"]] == [("run", True), ("same", False)]
-    assert [(row["name"], row["same"], row["before"] is None) for row in diff["files"]] == [
-        ("model.onnx", False, False),
-        ("vocab.txt", False, True),
+    assert [(row.name, row.change, row.before is None) for row in diff["files"]] == [
+        ("model.onnx", "changed", False),
+        ("vocab.txt", "added", True),
     ]
     assert b'<tr class="breaking">' in response.content
+
+
+def test_compare_shows_a_renamed_file_as_a_rename(maintainer, viewer):
+    """Files are paired by content and role before name: a rename is not a file removed and another added."""
+    create_model(maintainer)
+    model = add_model_bytes()
+    upload_local("demo", [("model.onnx", model), ("vocab.txt", b"abc"), ("old.txt", b"gone")], actor=maintainer.actor)
+    upload_local(
+        "demo",
+        [("classifier.onnx", model), ("tokens.txt", b"abc"), ("notes.txt", b"new")],
+        actor=maintainer.actor,
+    )
+    upload_local("demo", [("model-v3.onnx", add_model_bytes(bias=2.0)), ("vocab.txt", b"abcd")], actor=maintainer.actor)
+
+    renamed = viewer.client.get("/ui/models/demo/compare", {"a": 1, "b": 2})
+    assert [(row.renamed_from, row.name, row.change) for row in renamed.context["diff"]["files"]] == [
+        ("model.onnx", "classifier.onnx", "renamed"),
+        ("vocab.txt", "tokens.txt", "renamed"),
+        ("", "old.txt", "removed"),
+        ("", "notes.txt", "added"),
+    ]
+    html = renamed.content.decode()
+    assert (
+        '<tr data-file="classifier.onnx"><td class="wrap">model.onnx → classifier.onnx</td>' in html
+        and '<span class="badge renamed">renamed</span>' in html
+    )
+    # The model is paired with the model whatever it is called; another file by name when its content changed.
+    changed = viewer.client.get("/ui/models/demo/compare", {"a": 1, "b": 3})
+    assert [(row.renamed_from, row.name, row.change) for row in changed.context["diff"]["files"]] == [
+        ("model.onnx", "model-v3.onnx", "changed"),
+        ("", "vocab.txt", "changed"),
+        ("", "old.txt", "removed"),
+    ]
 
 
 def test_compare_with_bad_or_unknown_versions(maintainer, viewer):

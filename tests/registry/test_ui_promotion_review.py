@@ -81,13 +81,17 @@ def test_a_breaking_version_needs_force_and_a_reason(mia, serving_v1):
 
     without_force = mia.client.post("/ui/models/demo/promote", {"alias": "production", "version": "3", "reason": "x"})
     assert without_force.status_code == 409
+    # The page has a Force checkbox: its refusal says to tick it, not what an API client sends.
     assert without_force.context["error"] == (
         "version 3 is not compatible with version 1 behind 'production': input 'x': dimension 1 changed from 4 to 5; "
-        "output 'y': dimension 1 changed from 4 to 5. Send force=true with a reason to set it anyway."
+        "output 'y': dimension 1 changed from 4 to 5. Tick Force and give a reason to set it anyway."
     )
     assert without_force.context["diff"]["breaking"]  # the diff stays on the page
     without_reason = mia.client.post("/ui/models/demo/promote", {"alias": "production", "version": "3", "force": "on"})
-    assert (without_reason.status_code, without_reason.context["error"]) == (400, "force=true needs a reason")
+    assert (without_reason.status_code, without_reason.context["error"]) == (
+        400,
+        "Force needs a reason: write it in the Reason box.",
+    )
     assert not PromotionRequest.objects.filter(state="pending").exists()
 
     forced = mia.client.post(
@@ -183,6 +187,45 @@ def test_the_requester_cancels_and_another_cannot(mia, ana, serving_v1):
     assert (promotion.state, promotion.decision_reason) == ("cancelled", "wrong version")
     review = ana.client.get(f"/ui/promotions/{promotion.pk}")
     assert review.context["why_not"] == "This request is cancelled."
+
+
+def test_the_api_keeps_its_own_wording_for_a_breaking_change(mia, serving_v1):
+    refused = mia.client.put(
+        "/api/v1/models/demo/aliases/production",
+        {"version": 3, "reason": "x"},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {mia.token}",
+    )
+    assert refused.status_code == 409
+    assert refused.json()["error"].endswith(
+        "output 'y': dimension 1 changed from 4 to 5. Send force=true with a reason to set it anyway."
+    )
+
+
+def test_approving_an_aliases_first_version_names_no_version_it_moves_from(mia, ana):
+    create_model(mia)
+    upload_versions(mia, [1.0])
+    set_alias(mia, "production", 1)
+    promotion = PromotionRequest.objects.get(state="pending")
+    assert promotion.base_version is None
+    html = ana.client.get(f"/ui/promotions/{promotion.pk}").content.decode()
+    assert (
+        "data-confirm=\"Point 'production' of demo at v1? It pointed to no version when this was requested. "
+        'Inference processes start serving it at once."'
+    ) in html
+    assert " from v" not in html
+
+
+def test_the_review_shows_a_renamed_model_file_as_a_rename(mia, ana, serving_v1):
+    model = add_model_bytes(bias=1.0)  # v1's model, under another name
+    upload_local("demo", [("renamed.onnx", model)], actor=mia.actor)
+    set_alias(mia, "production", 4)
+    promotion = PromotionRequest.objects.get(state="pending")
+    review = ana.client.get(f"/ui/promotions/{promotion.pk}")
+    assert [(row.renamed_from, row.name, row.change) for row in review.context["diff"]["files"]] == [
+        ("model.onnx", "renamed.onnx", "renamed")
+    ]
+    assert "model.onnx → renamed.onnx" in review.content.decode()
 
 
 def test_approving_a_served_alias_says_inference_switches(mia, ana, serving_v1):

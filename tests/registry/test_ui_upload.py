@@ -17,7 +17,7 @@ from django.test import Client, TestCase
 
 from modelyard.streaming import StreamingASGIHandler
 from registry.models import AuditEvent, ModelVersion, Role
-from tests.support.onnx_models import add_model_bytes
+from tests.support.onnx_models import add_model_bytes, unknown_op_model
 from tests.support.people import login_person
 from tests.support.registry import create_model
 from tests.support.uploads import stored_keys
@@ -71,6 +71,44 @@ def test_maintainer_uploads_through_the_page_and_the_version_is_validated(demo):
     assert (upload.actor, upload.target) == ("mia", "demo/1")
     page = client.get("/ui/models/demo/versions/1")
     assert b"Version 1 uploaded." in page.content
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_failed_version_is_announced_as_failed_with_its_reason_and_the_detail_below(demo):
+    """Committed as a server commits it, so the embedded default's validation ends before the page answers."""
+    client = browser("mia", Role.MAINTAINER)
+    response = client.post(
+        "/ui/models/demo/upload",
+        {"file": files(("model.onnx", unknown_op_model().SerializeToString()))},
+        HTTP_X_CSRFTOKEN=client.cookies["csrftoken"].value,
+    )
+    assert response.status_code == 201
+    assert ModelVersion.objects.get().status == "failed"
+    page = client.get("/ui/models/demo/versions/1").content.decode()
+    assert '<div class="flash error" role="status">Version 1 uploaded, validation failed.</div>' in page
+    assert "Version 1 uploaded.<" not in page and "flash success" not in page
+    assert (
+        '<div class="problem"><div class="wrap reason">onnx.checker rejected the model: No Op registered for '
+        'FrobnicateTensor with domain_version of 17</div><pre class="detail">==&gt; Context: Bad node spec for node. '
+        "Name:  OpType: FrobnicateTensor</pre></div>"
+    ) in page
+    assert "x0a" not in page
+    listed = client.get("/ui/models/demo").content.decode()
+    assert (
+        '<div class="bad" title="==&gt; Context: Bad node spec for node. Name:  OpType: FrobnicateTensor">'
+        "onnx.checker rejected the model: No Op registered for FrobnicateTensor with domain_version of 17</div>"
+    ) in listed
+
+
+def test_a_version_that_fails_after_the_upload_was_answered_is_announced_as_failed(demo):
+    """As with a broker: the upload is answered while validation waits; it fails before the page is shown."""
+    client = browser("mia", Role.MAINTAINER)
+    response = post(client, {"file": files(("model.onnx", unknown_op_model().SerializeToString()))})
+    assert (response.status_code, response.json()["status"]) == (201, "pending")
+    assert ModelVersion.objects.get().status == "failed"  # validation ran after the answer
+    page = client.get("/ui/models/demo/versions/1").content.decode()
+    assert '<div class="flash error" role="status">Version 1 uploaded, validation failed.</div>' in page
+    assert "flash success" not in page
 
 
 def test_the_csrf_token_must_come_in_the_header_so_the_body_is_never_parsed_first(demo):

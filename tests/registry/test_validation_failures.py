@@ -28,6 +28,18 @@ def test_unknown_operator_fails_with_the_op_name(owner, registered):
     assert event.after == {"status": "failed", "errors": body["errors"]}
 
 
+CHECKER_REASON = "onnx.checker rejected the model: No Op registered for FrobnicateTensor with domain_version of 17"
+CHECKER_DETAIL = "==> Context: Bad node spec for node. Name:  OpType: FrobnicateTensor"
+
+
+def test_a_checker_message_of_several_lines_keeps_its_line_breaks(owner, registered):
+    """onnx.checker's reason and its "==> Context" line arrive as two lines, not one line with \\x0a escapes."""
+    body = upload_and_get(owner, registered, [("model.onnx", unknown_op_model().SerializeToString())])
+    assert body["errors"] == [f"{CHECKER_REASON}\n{CHECKER_DETAIL}"]
+    listed = owner.get(f"/api/v1/models/{registered}/versions").json()
+    assert listed["results"][0]["errors"] == body["errors"]
+
+
 def test_unknown_domain_fails(owner, registered):
     body = upload_and_get(owner, registered, [("model.onnx", unknown_op_model("com.example.nope").SerializeToString())])
     assert body["status"] == "failed"

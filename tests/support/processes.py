@@ -24,6 +24,18 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_port_pair() -> int:
+    """A free port whose next one is free too: a server's HTTP port, and its gRPC port, which follows it."""
+    while True:
+        port = free_port()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+
+
 def subprocess_database_url() -> str:
     """The URL of the database this test runs on (pytest-django's test database), for subprocesses."""
     database = django_settings.DATABASES["default"]

@@ -88,6 +88,98 @@ function pollStatus() {
   setTimeout(tick, 1000);
 }
 
+// Tables marked data-sortable: each header with data-sort ("text", "number" or "time") becomes a button that
+// sorts the rows shown by that column, and the other way round on the next click. A cell may give its
+// sort key in data-sort-value; a time sorts by its datetime. Equal keys keep the server's order.
+function sortKey(cell, kind) {
+  const value = cell.dataset.sortValue ?? cell.querySelector("time[datetime]")?.getAttribute("datetime")
+    ?? cell.textContent.trim();
+  if (kind === "number") {
+    const number = Number.parseFloat(value);
+    return Number.isNaN(number) ? Number.NEGATIVE_INFINITY : number;
+  }
+  if (kind === "time") {
+    const when = Date.parse(value);
+    return Number.isNaN(when) ? Number.NEGATIVE_INFINITY : when;
+  }
+  return value;
+}
+
+function sortableTables(root = document) {
+  const text = new Intl.Collator(undefined, { numeric: true, sensitivity: "base" });
+  for (const table of root.querySelectorAll("table[data-sortable]")) {
+    const body = table.tBodies[0];
+    if (!body) continue;
+    for (const header of table.querySelectorAll("thead th[data-sort]")) {
+      const kind = header.dataset.sort;
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = "sort";
+      button.append(...header.childNodes);
+      header.append(button);
+      if (!header.hasAttribute("aria-sort")) header.setAttribute("aria-sort", "none");
+      button.addEventListener("click", () => {
+        const ascending = header.getAttribute("aria-sort") !== "ascending";
+        for (const other of table.querySelectorAll("thead th[aria-sort]")) other.setAttribute("aria-sort", "none");
+        header.setAttribute("aria-sort", ascending ? "ascending" : "descending");
+        const column = header.cellIndex;
+        // A row without the column ("No models match", spanning them all) stays where it is.
+        const width = header.parentElement.cells.length;
+        const rows = [...body.rows].filter((row) => row.cells.length === width);
+        const keyed = rows.map((row) => [sortKey(row.cells[column], kind), row]);
+        keyed.sort(([a], [b]) => {
+          const order = typeof a === "number" ? a - b : text.compare(a, b);
+          return ascending ? order : -order;
+        });
+        body.append(...keyed.map(([, row]) => row));
+      });
+    }
+  }
+}
+
+// An element with data-copy gets a Copy button (data-copy-button names it otherwise): it copies the attribute's
+// value, or the element's text when the attribute is empty. A value that starts with "/" is a path of this
+// server, copied as a whole URL.
+async function copyText(value) {
+  if (navigator.clipboard && window.isSecureContext) {
+    await navigator.clipboard.writeText(value);
+    return;
+  }
+  // Plain http to another host is not a secure context, and has no clipboard API: copy from a selection.
+  const area = document.createElement("textarea");
+  area.value = value;
+  area.setAttribute("readonly", "");
+  area.className = "vh";
+  document.body.append(area);
+  area.select();
+  const copied = document.execCommand("copy");
+  area.remove();
+  if (!copied) throw new Error("the browser refused to copy");
+}
+
+function copyButtons(root = document) {
+  for (const element of root.querySelectorAll("[data-copy]")) {
+    const button = document.createElement("button");
+    button.type = "button";
+    button.className = "copy";
+    const label = element.dataset.copyButton || "Copy";
+    button.textContent = label;
+    button.setAttribute("aria-label", `Copy ${element.dataset.copyLabel || "it"}`);
+    button.addEventListener("click", async () => {
+      const raw = element.dataset.copy || element.textContent.trim();
+      const value = raw.startsWith("/") ? new URL(raw, location.origin).href : raw;
+      try {
+        await copyText(value);
+        button.textContent = "Copied";
+      } catch (error) {
+        button.textContent = "Select and copy it";
+      }
+      setTimeout(() => { button.textContent = label; }, 2000);
+    });
+    element.after(button);
+  }
+}
+
 // Pages whose figures move by themselves (the fleet) refresh while nobody is typing in them.
 function refresh() {
   const seconds = Number(document.body.dataset.refresh || 0);
@@ -212,6 +304,8 @@ function upload() {
 }
 
 localTimes();
+sortableTables();
+copyButtons();
 confirmations();
 pollStatus();
 refresh();
