@@ -5,7 +5,7 @@ import warnings
 
 from inference.grpc import grpc_service_pb2 as inference_dot_grpc_dot_grpc__service__pb2
 
-GRPC_GENERATED_VERSION = '1.81.1'
+GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
 _version_not_supported = False
 
