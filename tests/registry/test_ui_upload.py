@@ -73,6 +73,15 @@ def test_maintainer_uploads_through_the_page_and_the_version_is_validated(demo):
     assert b"Version 1 uploaded." in page.content
 
 
+def test_a_page_upload_with_every_optional_field_empty_is_stored(demo):
+    """The page always sends Description and Metadata; most people leave both empty."""
+    client = browser("mia", Role.MAINTAINER)
+    response = post(client, {"file": files(("model.onnx", add_model_bytes())), "description": "", "metadata": ""})
+    assert response.status_code == 201, response.content
+    version = ModelVersion.objects.get()
+    assert (version.status, version.description, version.metadata) == ("ready", "", {})
+
+
 def test_the_csrf_token_must_come_in_the_header_so_the_body_is_never_parsed_first(demo):
     client = browser("mia", Role.MAINTAINER)
     token = client.cookies["csrftoken"].value
