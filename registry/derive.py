@@ -89,7 +89,7 @@ _OPTIONS: dict[str, dict[str, tuple[Callable[[str, Any], Any], Any]]] = {
 
 def check_recipe(recipe: Any, options: Any) -> dict[str, Any]:
     """The options with their defaults filled in, or :class:`RecipeError` naming what is wrong."""
-    if recipe not in _OPTIONS:
+    if not isinstance(recipe, str) or recipe not in _OPTIONS:
         raise RecipeError(f"unknown recipe {json.dumps(recipe)}; recipes are {', '.join(RECIPES)}")
     if options is None:
         options = {}

@@ -7,7 +7,7 @@ services, whose refusals the views show as they come.
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -101,10 +101,15 @@ def local_time(text: str, zone: str) -> datetime:
         value = datetime.fromisoformat(text.strip())
     except ValueError:
         raise ValueError(f"{text!r} is not a date and time such as 2026-01-31T14:30") from None
-    if timezone.is_aware(value):
-        return value
+    where = ""
+    if not timezone.is_aware(value):
+        try:
+            tz = ZoneInfo(zone) if zone else ZoneInfo("UTC")
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {zone!r}") from None
+        value, where = value.replace(tzinfo=tz), f" ({tz.key})"
     try:
-        tz = ZoneInfo(zone) if zone else ZoneInfo("UTC")
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ValueError(f"unknown time zone {zone!r}") from None
-    return value.replace(tzinfo=tz)
+        value.astimezone(UTC)  # what the database compares: 0001-01-01 in Tokyo is still year 0 in UTC
+    except OverflowError:
+        raise ValueError(f"{text.strip()!r}{where} must be a time between 0001-01-01 and 9999-12-31 in UTC") from None
+    return value

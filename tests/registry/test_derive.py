@@ -191,6 +191,8 @@ def test_the_delta_uses_sample_inputs_and_extras_carry_over(owner: Person, regis
     ("body", "error"),
     [
         ({"recipe": "int4"}, 'unknown recipe "int4"; recipes are fp16, int8-dynamic, ort-optimized'),
+        ({"recipe": ["fp16"]}, 'unknown recipe ["fp16"]; recipes are fp16, int8-dynamic, ort-optimized'),
+        ({"recipe": {"fp16": True}}, 'unknown recipe {"fp16": true}; recipes are fp16, int8-dynamic, ort-optimized'),
         (
             {"recipe": "fp16", "options": {"turbo": True}},
             "unknown option(s) for fp16: turbo; its options are hidden_size, model_type, num_heads, op_block_list, "

@@ -162,6 +162,14 @@ def test_what_served_at_a_time_in_the_viewers_time_zone(maintainer, viewer):
     [
         ({"at": "yesterday"}, "at: 'yesterday' is not a date and time such as 2026-01-31T14:30"),
         ({"at": "2026-01-01T00:00", "tz": "Mars/Olympus"}, "at: unknown time zone 'Mars/Olympus'"),
+        (
+            {"at": "0001-01-01T00:00", "tz": "Asia/Tokyo"},
+            "at: '0001-01-01T00:00' (Asia/Tokyo) must be a time between 0001-01-01 and 9999-12-31 in UTC",
+        ),
+        (
+            {"at": "9999-12-31T23:59:59-05:00"},
+            "at: '9999-12-31T23:59:59-05:00' must be a time between 0001-01-01 and 9999-12-31 in UTC",
+        ),
     ],
 )
 def test_a_bad_time_is_400_with_the_message(maintainer, viewer, query, error):
