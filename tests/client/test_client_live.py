@@ -112,6 +112,28 @@ def test_refusals_carry_the_servers_error_and_detail(live, people, tmp_path):
     assert str(invalid.value).startswith("version 3 of 'sig' failed validation: ")
 
 
+def test_a_versions_description_and_tags_are_edited_after_its_upload(live, people, tmp_path):
+    owner, approver = people
+    pushed = owner.push("edits", write(tmp_path, "e.onnx", add_model()), description="first cut")
+    assert (pushed.description, pushed.tags) == ("first cut", [])
+
+    edited = owner.update_version("edits", pushed.version, description="epoch 7", tags=["candidate", "run:42"])
+    assert (edited.version, edited.description, edited.tags) == (pushed.version, "epoch 7", ["candidate", "run:42"])
+    tags_only = owner.update_version("edits", pushed.version, tags=[])  # the description is left as it is
+    assert (tags_only.description, tags_only.tags) == ("epoch 7", [])
+    assert owner.get_version("edits", pushed.version).description == "epoch 7"
+    [event, _] = owner.audit(action="version.update", model="edits")
+    assert (event.actor, event.target, event.before, event.after) == (
+        "olga",
+        f"edits/{pushed.version}",
+        {"tags": ["candidate", "run:42"]},
+        {"tags": []},
+    )
+    with pytest.raises(Forbidden) as refused:
+        approver.update_version("edits", pushed.version, description="not mine")
+    assert refused.value.error == "this action needs the maintainer or admin role"
+
+
 def test_audit_iterates_every_page(live, people):
     owner, _ = people
     verdict = owner.verify_audit()

@@ -77,7 +77,7 @@ def test_maintainer_creates_a_model_and_is_sent_to_its_upload_page(maintainer):
         (
             {"name": "ok", "tags": "fine, b@d"},
             400,
-            "tags: bad tag 'b@d': use letters, digits and . _ : / -, at most 64 characters",
+            "tags: bad tag 'b@d': use letters, digits and . _ : / -, at most 64 characters (MODELYARD_MAX_TAG_CHARS)",
         ),
         ({"name": "ok", "description": "x\x00y"}, 400, "description: Null characters are not allowed."),
     ],
