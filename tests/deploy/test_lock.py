@@ -54,7 +54,8 @@ def test_each_lock_satisfies_what_pyproject_asks_for(lock):
         assert name in pinned, f"requirements/{lock}.txt lacks {requirement}: run `make lock`"
         for version, _marker in pinned[name]:
             assert requirement.specifier.contains(version, prereleases=True), (
-                f"requirements/{lock}.txt pins {name}=={version}, outside pyproject.toml's {requirement}: run `make lock`"
+                f"requirements/{lock}.txt pins {name}=={version}, outside pyproject.toml's {requirement}: "
+                "run `make lock`"
             )
 
 
