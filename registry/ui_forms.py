@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from django import forms
 from django.utils import timezone
 
-from registry.models import NAME_PATTERN, Role
+from registry.models import NAME_PATTERN, Batching, Role
 
 TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$")
 MAX_TAGS = 32
@@ -58,6 +58,13 @@ class TagsField(forms.CharField):
 class ModelEditForm(UiForm):
     description = forms.CharField(required=False, max_length=10_000, widget=forms.Textarea)
     tags = TagsField(required=False, max_length=4000)
+
+
+class ModelBatchingForm(UiForm):
+    """Whether a model's concurrent requests are merged, and into batches of how many rows (empty: unchanged)."""
+
+    batching = forms.ChoiceField(choices=Batching.choices)
+    max_batch_size = forms.IntegerField(required=False, min_value=0, max_value=4096)
 
 
 class ModelCreateForm(ModelEditForm):
