@@ -67,7 +67,7 @@ def derive(recipe: str, options: dict[str, Any], source: Path, out: Path) -> dic
     out.mkdir(parents=True)
     request = {
         "recipe": recipe,
-        "options": check_recipe(recipe, options),
+        "options": check_recipe(recipe, options, max_items=256, max_item_chars=128),
         "model_path": str(source),
         "out_dir": str(out),
         "samples_path": None,

@@ -181,6 +181,10 @@ MAX_UPLOAD_BYTES = env_int("MODELYARD_MAX_UPLOAD_BYTES", 8 * 1024**3, minimum=1)
 MAX_REQUEST_BODY_BYTES = env_int("MODELYARD_MAX_REQUEST_BODY_BYTES", 16 * 1024**2, minimum=1024)
 # JSON bodies and JSON form fields nested deeper than this are refused with a 400 (far below the stack limit).
 MAX_JSON_DEPTH = env_int("MODELYARD_MAX_JSON_DEPTH", 64, minimum=1)
+# Tags of a model or a version: how many, and how long each. Every edit of them is an audit event kept
+# for good, so the defaults keep one within a few KiB.
+MAX_TAGS = env_int("MODELYARD_MAX_TAGS", 32, minimum=1)
+MAX_TAG_CHARS = env_int("MODELYARD_MAX_TAG_CHARS", 64, minimum=1)
 # A client that sends no body bytes for this long has its request ended (408), so a stalled upload
 # cannot hold a server thread for as long as it likes. Also applies to /v2 request bodies.
 BODY_IDLE_TIMEOUT_SECONDS = env_float("MODELYARD_BODY_IDLE_TIMEOUT_SECONDS", 60.0, minimum=0.01)
@@ -211,6 +215,10 @@ VALIDATION_WORK_DIR = env_str("MODELYARD_WORK_DIR") or str(DATA_DIR / "work")
 # limits (registry/child_process.py). An fp16 or int8 conversion holds the model about three times.
 DERIVE_TIMEOUT_SECONDS = env_float("MODELYARD_DERIVE_TIMEOUT_SECONDS", 900.0, minimum=1.0)
 DERIVE_MEMORY_MB = env_int("MODELYARD_DERIVE_MEMORY_MB", 8192, minimum=256)
+# A derive option that lists operators (op_block_list, op_types): how many names, and how long each. The
+# options go into the job row and its audit event for good; ONNX's default domain has about 200 operators.
+DERIVE_MAX_OPTION_ITEMS = env_int("MODELYARD_DERIVE_MAX_OPTION_ITEMS", 256, minimum=1)
+DERIVE_MAX_OPTION_ITEM_CHARS = env_int("MODELYARD_DERIVE_MAX_OPTION_ITEM_CHARS", 128, minimum=1)
 # A benchmark's whole run (load, warm-up, latency, throughput); on CPU its address space is limited too
 # (on CUDA it is not: the driver reserves far more address space than it uses). It runs at this niceness.
 BENCHMARK_TIMEOUT_SECONDS = env_float("MODELYARD_BENCHMARK_TIMEOUT_SECONDS", 300.0, minimum=1.0)

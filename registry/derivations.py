@@ -9,6 +9,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from registry import derive, derive_tasks
@@ -21,7 +22,12 @@ from registry.models import DeriveJob, ModelVersion, VersionStatus
 def derive_request(*, version: ModelVersion, recipe: Any, options: Any, actor: Actor) -> DeriveJob:
     """Record a derive job for a ready version and queue it once this commits."""
     try:
-        checked = derive.check_recipe(recipe, options)
+        checked = derive.check_recipe(
+            recipe,
+            options,
+            max_items=settings.DERIVE_MAX_OPTION_ITEMS,
+            max_item_chars=settings.DERIVE_MAX_OPTION_ITEM_CHARS,
+        )
     except derive.RecipeError as exc:
         raise InvalidInput(str(exc)) from exc
     version = ModelVersion.objects.select_for_update().select_related("model").get(pk=version.pk)

@@ -87,9 +87,26 @@ _OPTIONS: dict[str, dict[str, tuple[Callable[[str, Any], Any], Any]]] = {
 }
 
 
-def check_recipe(recipe: Any, options: Any) -> dict[str, Any]:
-    """The options with their defaults filled in, or :class:`RecipeError` naming what is wrong."""
-    if recipe not in _OPTIONS:
+def _check_list_size(name: str, names: list[str], *, max_items: int, max_item_chars: int) -> None:
+    # The options are kept for good (the job row, its audit event, the version's recipe).
+    if len(names) > max_items:
+        raise RecipeError(
+            f"option '{name}' lists {len(names)} names; at most {max_items} (MODELYARD_DERIVE_MAX_OPTION_ITEMS)"
+        )
+    if any(len(item) > max_item_chars for item in names):
+        raise RecipeError(
+            f"option '{name}': a name is longer than {max_item_chars} characters "
+            "(MODELYARD_DERIVE_MAX_OPTION_ITEM_CHARS)"
+        )
+
+
+def check_recipe(recipe: Any, options: Any, *, max_items: int, max_item_chars: int) -> dict[str, Any]:
+    """The options with their defaults filled in, or :class:`RecipeError` naming what is wrong.
+
+    An option that lists names (operators) has at most ``max_items`` of them, each at most
+    ``max_item_chars`` long (``MODELYARD_DERIVE_MAX_OPTION_ITEMS``, ``..._ITEM_CHARS``).
+    """
+    if not isinstance(recipe, str) or recipe not in _OPTIONS:
         raise RecipeError(f"unknown recipe {json.dumps(recipe)}; recipes are {', '.join(RECIPES)}")
     if options is None:
         options = {}
@@ -101,9 +118,13 @@ def check_recipe(recipe: Any, options: Any) -> dict[str, Any]:
         raise RecipeError(
             f"unknown option(s) for {recipe}: {', '.join(unknown)}; its options are {', '.join(sorted(known))}"
         )
-    return {
+    checked = {
         name: check(name, options[name]) if name in options else default for name, (check, default) in known.items()
     }
+    for name, value in checked.items():
+        if isinstance(value, list):
+            _check_list_size(name, value, max_items=max_items, max_item_chars=max_item_chars)
+    return checked
 
 
 def library_versions() -> dict[str, str]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
@@ -15,6 +17,28 @@ name_validator = RegexValidator(
     NAME_PATTERN,
     "Use 1-64 characters: lowercase letters, digits, '.', '_' or '-', starting with a letter or digit.",
 )
+
+
+# A tag of a model or a version: letters, digits and . _ : / -, within MODELYARD_MAX_TAG_CHARS.
+TAG_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]*")
+
+
+def tags_problem(tags: Sequence[str]) -> str | None:
+    """What is wrong with a model's or a version's tags, or None: each is written to the audit chain for good.
+
+    At most ``MODELYARD_MAX_TAGS`` of them, each at most ``MODELYARD_MAX_TAG_CHARS`` long.
+    """
+    most, longest = settings.MAX_TAGS, settings.MAX_TAG_CHARS
+    if len(tags) > most:
+        return f"at most {most} tags (MODELYARD_MAX_TAGS), got {len(tags)}"
+    for tag in tags:
+        if not TAG_PATTERN.fullmatch(tag) or len(tag) > longest:
+            shown = tag if len(tag) <= 80 else tag[:80] + "..."
+            return (
+                f"bad tag {shown!r}: use letters, digits and . _ : / -, "
+                f"at most {longest} characters (MODELYARD_MAX_TAG_CHARS)"
+            )
+    return None
 
 
 # The alias every model starts with: protected (a move needs a second person) and served; it is what
@@ -77,12 +101,14 @@ class VersionStatus(models.TextChoices):
 
 
 class ModelVersion(models.Model):
-    """One immutable uploaded artifact bundle of a model, and what validation found in it."""
+    """One uploaded artifact bundle of a model (its files never change), and what validation found in it."""
 
     model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="versions")
     version = models.PositiveIntegerField()
     status = models.CharField(max_length=16, choices=VersionStatus.choices, default=VersionStatus.PENDING)
+    # Edited after the upload too (services.version_update, audited); the metadata stays as uploaded.
     description = models.TextField(blank=True, default="")
+    tags = models.JSONField(default=list, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     # sha256 and size of the .onnx file itself; size_bytes counts every file of the version.
     sha256 = models.CharField(max_length=64)

@@ -200,6 +200,40 @@ def version_create(
     return version
 
 
+EDITABLE_VERSION_FIELDS = ("description", "tags")
+
+
+@transaction.atomic(durable=True)
+def version_update(*, version: ModelVersion, actor: Actor, **changes: Any) -> ModelVersion:
+    """Edit a version's description and tags; its files and metadata never change. Unknown fields are a bug.
+
+    Only the fields whose value changes are written and audited (``version.update``, before and after);
+    an edit that changes nothing writes nothing.
+    """
+    unknown = set(changes) - set(EDITABLE_VERSION_FIELDS)
+    if unknown:
+        raise TypeError(f"version_update() got unexpected fields {sorted(unknown)}")
+    version = ModelVersion.objects.select_for_update().select_related("model").get(pk=version.pk)
+    changed = {name: list(value) if name == "tags" else value for name, value in changes.items()}
+    changed = {name: value for name, value in changed.items() if getattr(version, name) != value}
+    if not changed:
+        return version
+    before = {name: getattr(version, name) for name in changed}
+    for name, value in changed.items():
+        setattr(version, name, value)
+    version.save(update_fields=list(changed))
+    audit_record(
+        actor=actor,
+        action="version.update",
+        target_type="version",
+        target=f"{version.model.name}/{version.version}",
+        model_name=version.model.name,
+        before=before,
+        after=changed,
+    )
+    return version
+
+
 def version_claim_for_validation(*, version_id: int, max_attempts: int) -> bool:
     """Move a version to ``validating`` if it is pending, or if its validator stopped heartbeating.
 

@@ -7,17 +7,15 @@ services, whose refusals the views show as they come.
 from __future__ import annotations
 
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django import forms
 from django.utils import timezone
 
-from registry.models import NAME_PATTERN, Role
+from registry.models import NAME_PATTERN, Role, tags_problem
 
-TAG_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$")
-MAX_TAGS = 32
 NAME_MESSAGE = (
     "invalid model name: use 1-64 characters of lowercase letters, digits, '.', '_' or '-', "
     "starting with a letter or digit"
@@ -42,22 +40,23 @@ class ReasonForm(UiForm):
 
 
 class TagsField(forms.CharField):
-    """Tags as one line, separated by commas or spaces."""
+    """Tags as one line, separated by commas or spaces; the API's limits (``registry.models.tags_problem``)."""
 
     def to_python(self, value: Any) -> list[str]:  # type: ignore[override]
         text = super().to_python(value) or ""
-        tags = [tag for tag in re.split(r"[,\s]+", text) if tag]
-        bad = [tag for tag in tags if not TAG_PATTERN.match(tag)]
-        if bad:
-            raise forms.ValidationError(f"bad tag {bad[0]!r}: use letters, digits and . _ : / -, at most 64 characters")
-        if len(tags) > MAX_TAGS:
-            raise forms.ValidationError(f"at most {MAX_TAGS} tags")
-        return list(dict.fromkeys(tags))
+        tags = list(dict.fromkeys(tag for tag in re.split(r"[,\s]+", text) if tag))
+        if problem := tags_problem(tags):
+            raise forms.ValidationError(problem)
+        return tags
 
 
 class ModelEditForm(UiForm):
     description = forms.CharField(required=False, max_length=10_000, widget=forms.Textarea)
     tags = TagsField(required=False, max_length=4000)
+
+
+class VersionEditForm(ModelEditForm):
+    """A version's description and tags, edited after its upload."""
 
 
 class ModelCreateForm(ModelEditForm):
@@ -101,10 +100,15 @@ def local_time(text: str, zone: str) -> datetime:
         value = datetime.fromisoformat(text.strip())
     except ValueError:
         raise ValueError(f"{text!r} is not a date and time such as 2026-01-31T14:30") from None
-    if timezone.is_aware(value):
-        return value
+    where = ""
+    if not timezone.is_aware(value):
+        try:
+            tz = ZoneInfo(zone) if zone else ZoneInfo("UTC")
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {zone!r}") from None
+        value, where = value.replace(tzinfo=tz), f" ({tz.key})"
     try:
-        tz = ZoneInfo(zone) if zone else ZoneInfo("UTC")
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ValueError(f"unknown time zone {zone!r}") from None
-    return value.replace(tzinfo=tz)
+        value.astimezone(UTC)  # what the database compares: 0001-01-01 in Tokyo is still year 0 in UTC
+    except OverflowError:
+        raise ValueError(f"{text.strip()!r}{where} must be a time between 0001-01-01 and 9999-12-31 in UTC") from None
+    return value

@@ -66,6 +66,7 @@ from registry.ui_forms import (
     PromotionRequestForm,
     ReasonForm,
     UiForm,
+    VersionEditForm,
     local_time,
 )
 from registry.uploads import version_upload
@@ -267,11 +268,15 @@ def _settle_upload_banner(request: HttpRequest, version: ModelVersion) -> None:
             message.level, message.message = messages.ERROR, _FAILED_UPLOAD.format(version.version)
 
 
-@login_required
-def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse:
-    model = get_object_or_404(RegisteredModel, name=name)
-    version = _version_or_404(model, number)
-    _settle_upload_banner(request, version)
+def _version_detail(
+    request: HttpRequest,
+    model: RegisteredModel,
+    version: ModelVersion,
+    *,
+    form: VersionEditForm | None = None,
+    error: str = "",
+    status: int = 200,
+) -> HttpResponse:
     fleet = selectors.version_fleet_state(model=model.name, version=version.version)
     context = {
         "model": model,
@@ -287,8 +292,35 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
         "version_benchmarks": [(version, list(selectors.benchmark_list(version=version)))],
         "derive_jobs": list(selectors.derive_job_list(source=version)[:10]),
         "derived": [v.version for v in selectors.version_list(model=model) if v.derived_from_id == version.pk],
+        "form": form or VersionEditForm(initial={"description": version.description, "tags": " ".join(version.tags)}),
+        "error": error,
     }
-    return render(request, "modelyard/ui/version.html", context)
+    return render(request, "modelyard/ui/version.html", context, status=status)
+
+
+@login_required
+def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse:
+    """GET: the version's signature, files, derivation, benchmarks; POST: edit description and tags (maintainers)."""
+    model = get_object_or_404(RegisteredModel, name=name)
+    version = _version_or_404(model, number)
+    if request.method != "POST":
+        _settle_upload_banner(request, version)
+        return _version_detail(request, model, version)
+    form = VersionEditForm(request.POST)
+    try:
+        require_role(request, Role.MAINTAINER, what="editing a version")
+        if not form.is_valid():
+            raise _form_refusal(form)
+        services.version_update(
+            version=version,
+            description=form.cleaned_data["description"],
+            tags=form.cleaned_data["tags"],
+            actor=actor_from_request(request),
+        )
+    except RegistryError as exc:
+        return _version_detail(request, model, version, form=form, error=exc.message, status=refusal(request, exc))
+    messages.success(request, f"Version {version.version} saved.")
+    return redirect("ui:version", name=model.name, number=version.version)
 
 
 class _WithoutBody:

@@ -9,7 +9,7 @@ the tests, and the coming UI upload form), so every check applies on every path:
 - the model file's structure, sniffed as it streams (empty, not ONNX, truncated), and its IR
   version and opset against what the installed ONNX Runtime loads;
 - the description and metadata: a JSON object within ``MODELYARD_MAX_JSON_DEPTH``, together within
-  ``MODELYARD_MAX_FORM_BYTES``.
+  ``MODELYARD_MAX_FORM_BYTES``; either one empty or blank, as a form sends a field left empty, means none.
 
 An upload is an :class:`UploadSource`: its files, each a readable stream, in order, then its text
 fields, asked for only once every file is stored (a multipart form may send them last). The API
@@ -246,8 +246,14 @@ def _write(storage: ArtifactStorage, key: str, reader: _CheckedReader) -> WriteR
 
 
 def _checked_fields(fields: UploadFields) -> tuple[str, dict[str, Any]]:
-    """The description (trimmed) and metadata, or InvalidInput naming each field that breaks a rule."""
+    """The description (trimmed) and metadata, or InvalidInput naming each field that breaks a rule.
+
+    A form sends its fields left empty as empty text: blank metadata, like a blank description, means none.
+    """
     metadata_text = fields.metadata if isinstance(fields.metadata, str) else None
+    if metadata_text is not None and not metadata_text.strip():
+        metadata_text = None
+        fields = UploadFields(description=fields.description, metadata=None)
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
     if limit is not None and len(fields.description.encode()) + _json_size(fields.metadata) > limit:
         raise FormTooLarge(limit)

@@ -19,6 +19,8 @@ from modelyard.streaming import StreamingASGIHandler
 from registry.models import ModelVersion
 from storage import get_storage
 from tests.support.onnx_models import add_model_bytes
+from tests.support.polling import eventually
+from tests.support.processes import ServeProcess, base_env, subprocess_database_url
 from tests.support.rawhttp import read_response, send_chunked, send_head
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -254,3 +256,88 @@ def test_client_that_disconnects_mid_body_is_one_info_line(server, owner, regist
     assert not any(r.exc_info for r in caplog.records)
     assert not ModelVersion.objects.exists()
     assert upload_threads() == []
+
+
+# --- a body that ends inside a file part ------------------------------------------------------------------
+
+UNTERMINATED = {"error": "the multipart body ended inside a file part", "detail": None}
+
+
+def unterminated(kind: str) -> tuple[bytes, str]:
+    """A whole body (its Content-Length all sent) whose last file part never reaches a closing boundary."""
+    if kind == "no closing boundary":
+        return part("model.onnx", add_model_bytes()) + part("extra.bin", b"x" * 5000)[:-2], BOUNDARY
+    # The body's own boundary is not the one announced: everything reads as one file part that never ends.
+    return multipart(("model.onnx", add_model_bytes())), "anotherboundary"
+
+
+def post_unterminated(port: int, token: str, model: str, kind: str) -> tuple[int, bytes]:
+    body, boundary = unterminated(kind)
+    headers = {
+        "Authorization": f"Bearer {token}",
+        "Content-Type": f"multipart/form-data; boundary={boundary}",
+        "Content-Length": str(len(body)),
+    }
+    status, _, response = read_response(send_head(port, f"/api/v1/models/{model}/versions", headers, body))
+    return status, response
+
+
+@pytest.mark.parametrize("kind", ["no closing boundary", "another boundary"])
+def test_a_body_that_ends_inside_a_file_part_is_400_and_leaves_nothing(server, owner, registered, settings, kind):
+    status, response = post_unterminated(server, owner.token, registered, kind)
+    assert status == 400
+    assert json.loads(response) == UNTERMINATED
+    assert not ModelVersion.objects.exists()
+    eventually(lambda: upload_threads() == [], timeout=10, what=lambda: str(upload_threads()))
+    assert incoming_bytes(Path(settings.STORAGE.path)) == 0
+    assert list(get_storage().list("")) == []
+
+
+def process_usage(pid: int) -> tuple[int, int, int]:
+    """Threads, open descriptors and resident KiB of a process."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    fds = len(list(Path(f"/proc/{pid}/fd").iterdir()))
+    return int(status["Threads"]), fds, int(status["VmRSS"].split()[0])
+
+
+def test_many_bodies_that_end_inside_a_file_part_leave_a_real_servers_threads_and_descriptors_as_they_were(
+    owner, registered, settings, tmp_path
+):
+    env = base_env(
+        MODELYARD_DATABASE_URL=subprocess_database_url(),
+        MODELYARD_STORAGE_URL=Path(settings.STORAGE.path).as_uri(),
+        MODELYARD_DATA_DIR=str(tmp_path / "data"),
+    )
+    web = ServeProcess("web", "web", env, tmp_path / "web.log")
+    try:
+        web.wait_ready()
+        pid = web.process.pid
+        kinds = ["no closing boundary", "another boundary"]
+        for i in range(10):  # the server's lazily made threads and connections exist from here on
+            status, response = post_unterminated(web.port, owner.token, registered, kinds[i % 2])
+            assert (status, json.loads(response)) == (400, UNTERMINATED), web.log()
+        threads, fds, rss = eventually(lambda: process_usage(pid), what=web.log)
+        for i in range(150):
+            status, response = post_unterminated(web.port, owner.token, registered, kinds[i % 2])
+            assert (status, json.loads(response)) == (400, UNTERMINATED), web.log()
+
+        # Each such upload held a thread and two descriptors for good before: 150 more of each.
+        def settled() -> bool:
+            now = process_usage(pid)
+            return now[0] <= threads + 4 and now[1] <= fds + 4
+
+        eventually(settled, timeout=30, what=lambda: f"before {(threads, fds, rss)}, now {process_usage(pid)}")
+        assert process_usage(pid)[2] - rss < 32 * 1024, (rss, process_usage(pid))  # KiB: no 150 buffers kept
+        assert not ModelVersion.objects.exists()
+        assert incoming_bytes(Path(settings.STORAGE.path)) == 0
+        # And the server still takes an upload.
+        body = multipart(("model.onnx", add_model_bytes()))
+        headers = {
+            "Authorization": f"Bearer {owner.token}",
+            "Content-Type": f"multipart/form-data; boundary={BOUNDARY}",
+            "Content-Length": str(len(body)),
+        }
+        status, _, response = read_response(send_head(web.port, f"/api/v1/models/{registered}/versions", headers, body))
+        assert status == 201, response
+    finally:
+        web.kill()

@@ -197,6 +197,22 @@ class Client:
         number = self.resolve_version(name, version)
         return Version.from_json(self._json("GET", f"/api/v1/models/{_q(name)}/versions/{number}"))
 
+    def update_version(
+        self, name: str, version: int | str, *, description: str | None = None, tags: Sequence[str] | None = None
+    ) -> Version:
+        """Change a version's ``description`` or ``tags`` (None leaves it as it is); needs the maintainer role.
+
+        The files and metadata of a version never change. The server audits the change.
+        """
+        number = self.resolve_version(name, version)
+        changes: dict[str, Any] = {}
+        if description is not None:
+            changes["description"] = description
+        if tags is not None:
+            changes["tags"] = list(tags)
+        path = f"/api/v1/models/{_q(name)}/versions/{number}"
+        return Version.from_json(self._json("PATCH", path, json_body=changes))
+
     def push(
         self,
         name: str,

@@ -12,7 +12,7 @@ import secrets
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-Progress = Callable[[int, int], None]  # (bytes sent, bytes in all)
+Progress = Callable[[int, int], None]  # (file bytes sent, file bytes in all): the form around them is not counted
 
 
 def _quoted(text: str) -> str:
@@ -21,7 +21,11 @@ def _quoted(text: str) -> str:
 
 
 class MultipartBody:
-    """``fields`` first (text), then ``files`` (each as one part named ``file_field``), in order."""
+    """``fields`` first (text), then ``files`` (each as one part named ``file_field``), in order.
+
+    ``progress`` counts the files' own bytes, as a person reads "290 B of 290 B": the part headers,
+    boundaries and text fields go out too, but are not what they are uploading.
+    """
 
     def __init__(
         self,
@@ -49,37 +53,45 @@ class MultipartBody:
         self._segments.append(f"--{self.boundary}--\r\n".encode())
         self._sizes = [len(s) if isinstance(s, bytes) else s.stat().st_size for s in self._segments]
         self._length = sum(self._sizes)
+        self.file_bytes = sum(
+            size for segment, size in zip(self._segments, self._sizes, strict=True) if isinstance(segment, Path)
+        )
         self._chunks = self._iterate()
         self._chunk = b""
+        self._chunk_is_file = False
         self._offset = 0
-        self.sent = 0
+        self.sent = 0  # of the whole body
+        self.file_sent = 0
 
     def __len__(self) -> int:
         return self._length
 
-    def _iterate(self) -> Iterator[bytes]:
+    def _iterate(self) -> Iterator[tuple[bytes, bool]]:
+        """Each block of the body, and whether it is a file's bytes."""
         for segment, size in zip(self._segments, self._sizes, strict=True):
             if isinstance(segment, bytes):
-                yield segment
+                yield segment, False
                 continue
             read = 0
             with segment.open("rb") as stream:
                 while read < size and (block := stream.read(min(1 << 20, size - read))):
                     read += len(block)
-                    yield block
+                    yield block, True
             if read != size:  # the Content-Length already sent would be wrong
                 raise OSError(f"{segment} changed while it was being uploaded ({size} bytes, then {read})")
 
     def read(self, size: int = -1) -> bytes:
         """Up to ``size`` bytes (the socket's block size): the rest of the current block at most; b"" at the end."""
         if self._offset >= len(self._chunk):
-            self._chunk, self._offset = next(self._chunks, b""), 0
+            (self._chunk, self._chunk_is_file), self._offset = next(self._chunks, (b"", False)), 0
             if not self._chunk:
                 return b""
         end = len(self._chunk) if size is None or size < 0 else self._offset + size
         data = self._chunk[self._offset : end]
         self._offset += len(data)
         self.sent += len(data)
-        if self._progress is not None:
-            self._progress(self.sent, self._length)
+        if self._chunk_is_file:
+            self.file_sent += len(data)
+            if self._progress is not None:
+                self._progress(self.file_sent, self.file_bytes)
         return data

@@ -41,6 +41,7 @@ class Version(_Record):
     version: int
     status: str
     description: str = ""
+    tags: list[str] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     sha256: str = ""
     size_bytes: int = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC
 from typing import Any
 
 from django.shortcuts import get_object_or_404
@@ -253,6 +254,11 @@ class AliasHistory(APIView):
             raise InvalidInput(
                 f"'at' must be an ISO 8601 time with a timezone, e.g. 2026-01-31T12:00:00Z; got {at_text!r}"
             )
+        try:
+            at.astimezone(UTC)  # what the database compares
+        except OverflowError:
+            text = at_text.replace(" ", "+")
+            raise InvalidInput(f"'at' must be a time between 0001-01-01 and 9999-12-31 in UTC; got {text!r}") from None
         move = selectors.alias_move_at(alias=found, at=at)
         return Response(
             {

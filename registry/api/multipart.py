@@ -8,8 +8,9 @@ work belongs). Receiving from the client and writing to storage overlap, and mem
 by the pipe and boto3's part buffers; one file is in flight at a time.
 
 A failure on either side stops the other. If the body cannot be parsed (too large, too many
-files or fields, a client that stalls or leaves), that error is the answer. If the service
-refuses a file, the parser stops and the rest of the body is never read (the connection closes).
+files or fields, a client that stalls or leaves, a body that ends inside a file part), that error
+is the answer. If the service refuses a file, the parser stops and the rest of the body is never
+read (the connection closes).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from registry.uploads import UploadFields
 PIPE_CHUNK = 1024 * 1024
 PIPE_DEPTH = 8  # chunks waiting between the parser and the storage write
 POLL_SECONDS = 0.5  # how often a blocked side checks whether the other gave up
+UNTERMINATED = "the multipart body ended inside a file part"
 
 
 class _Aborted(Exception):
@@ -121,7 +123,15 @@ class _PartHandler(FileUploadHandler):
         pipe.wait_done()  # one file in flight: the next part is not read until this one is stored
 
     def upload_interrupted(self) -> None:
-        """Nothing to clean up here: the service deletes what it wrote."""
+        """The body ended (its Content-Length reached, or its last chunk) before the file part's closing boundary.
+
+        No more bytes come for the pipe the storage write is reading, and no end either: refusing the
+        upload aborts the pipe, so the write stops instead of waiting for good. The service deletes
+        what it wrote.
+        """
+        if self._pipe is not None:
+            self._pipe = None
+            raise InvalidInput(UNTERMINATED)
 
 
 class MultipartUpload:

@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from rest_framework import serializers
 
-from registry.models import NAME_PATTERN, ModelFile, ModelVersion, RegisteredModel, ServingStrategy
+from registry.models import NAME_PATTERN, ModelFile, ModelVersion, RegisteredModel, ServingStrategy, tags_problem
 
 
 class ModelSerializer(serializers.ModelSerializer[RegisteredModel]):
@@ -30,8 +31,17 @@ class ModelSerializer(serializers.ModelSerializer[RegisteredModel]):
 
 
 class TagsField(serializers.ListField):
-    child = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,63}$", error_messages={"invalid": "bad tag"})
-    max_length = 32
+    """A model's or a version's tags, within ``MODELYARD_MAX_TAGS`` and ``MODELYARD_MAX_TAG_CHARS``."""
+
+    child = serializers.CharField()
+
+    def to_internal_value(self, data: Any) -> list[str]:
+        if isinstance(data, list) and len(data) > settings.MAX_TAGS:  # before looking at each one
+            raise serializers.ValidationError(tags_problem(data))
+        tags: list[str] = super().to_internal_value(data)
+        if problem := tags_problem(tags):
+            raise serializers.ValidationError(problem)
+        return tags
 
 
 class ModelCreateInput(serializers.Serializer[Any]):
@@ -77,6 +87,7 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
             "version",
             "status",
             "description",
+            "tags",
             "metadata",
             "sha256",
             "size_bytes",
@@ -95,3 +106,10 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
             "accuracy",
         ]
         read_only_fields = fields
+
+
+class VersionUpdateInput(serializers.Serializer[Any]):
+    """What may change on a version after its upload: its files and metadata never do."""
+
+    description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
+    tags = TagsField(required=False)

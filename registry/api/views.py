@@ -18,7 +18,13 @@ from rest_framework.views import APIView
 from registry import selectors, services
 from registry.api.multipart import MultipartUpload
 from registry.api.responses import StreamingFileResponse
-from registry.api.serializers import ModelCreateInput, ModelSerializer, ModelUpdateInput, VersionSerializer
+from registry.api.serializers import (
+    ModelCreateInput,
+    ModelSerializer,
+    ModelUpdateInput,
+    VersionSerializer,
+    VersionUpdateInput,
+)
 from registry.audit import actor_from_request
 from registry.errors import InvalidInput, NotFound, PayloadTooLarge
 from registry.models import ModelVersion, RegisteredModel
@@ -110,6 +116,14 @@ def _get_version(name: str, version: int) -> ModelVersion:
 class VersionDetail(APIView):
     @extend_schema(responses=VersionSerializer)
     def get(self, request: Request, name: str, version: int) -> Response:
+        return Response(VersionSerializer(_get_version(name, version)).data)
+
+    @extend_schema(request=VersionUpdateInput, responses=VersionSerializer)
+    def patch(self, request: Request, name: str, version: int) -> Response:
+        found = _get_version(name, version)
+        data = VersionUpdateInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        services.version_update(version=found, **data.validated_data, actor=actor_from_request(request))
         return Response(VersionSerializer(_get_version(name, version)).data)
 
 

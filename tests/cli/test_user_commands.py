@@ -91,6 +91,8 @@ def test_every_command_against_a_live_server(live: LiveServer):
         assert "Created model 'example'." in push.stderr
         progress = push.stderr.splitlines()[-1]
         assert progress.startswith("Uploading model.onnx + 1 file(s) [########################] 100.0%")
+        files = sum((live.folder / name).stat().st_size for name in ("model.onnx", "model.onnx.data"))
+        assert f"  {files} B / {files} B  " in progress  # the files' bytes, not the multipart form around them
         assert "/s  in 0:0" in progress
         assert push.stdout.splitlines()[0].startswith("Version 1 of 'example' is ready (sha256 ")
         assert push.stdout.splitlines()[1:] == ["  input   x  FP32  [-1, 4]", "  output  y  FP32  [-1, 2]"]

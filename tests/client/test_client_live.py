@@ -52,7 +52,8 @@ def test_push_promote_approve_infer_pull_and_history(live, people, tmp_path):
         metadata={"run": 7},
         progress=lambda sent, total: seen.append((sent, total)),
     )
-    assert seen[-1][0] == seen[-1][1] > 290  # every byte of both files and the form around them
+    files = (tmp_path / "model.onnx").stat().st_size + (tmp_path / "model.onnx.data").stat().st_size
+    assert seen[-1] == (files, files)  # every byte of both files, and not the form around them
     ready = owner.wait_ready("lin", version.version)
     assert (ready.status, ready.metadata, [f.name for f in ready.files]) == (
         "ready",
@@ -109,6 +110,28 @@ def test_refusals_carry_the_servers_error_and_detail(live, people, tmp_path):
         owner.wait_ready("sig", failed.version)
     assert invalid.value.version == 3 and invalid.value.errors
     assert str(invalid.value).startswith("version 3 of 'sig' failed validation: ")
+
+
+def test_a_versions_description_and_tags_are_edited_after_its_upload(live, people, tmp_path):
+    owner, approver = people
+    pushed = owner.push("edits", write(tmp_path, "e.onnx", add_model()), description="first cut")
+    assert (pushed.description, pushed.tags) == ("first cut", [])
+
+    edited = owner.update_version("edits", pushed.version, description="epoch 7", tags=["candidate", "run:42"])
+    assert (edited.version, edited.description, edited.tags) == (pushed.version, "epoch 7", ["candidate", "run:42"])
+    tags_only = owner.update_version("edits", pushed.version, tags=[])  # the description is left as it is
+    assert (tags_only.description, tags_only.tags) == ("epoch 7", [])
+    assert owner.get_version("edits", pushed.version).description == "epoch 7"
+    [event, _] = owner.audit(action="version.update", model="edits")
+    assert (event.actor, event.target, event.before, event.after) == (
+        "olga",
+        f"edits/{pushed.version}",
+        {"tags": ["candidate", "run:42"]},
+        {"tags": []},
+    )
+    with pytest.raises(Forbidden) as refused:
+        approver.update_version("edits", pushed.version, description="not mine")
+    assert refused.value.error == "this action needs the maintainer or admin role"
 
 
 def test_audit_iterates_every_page(live, people):

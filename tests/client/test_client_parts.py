@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import email.parser
+import io
 import json
 import os
 import stat
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from modelyard.client import ConfigError, config_path, read_profiles, save_profile
+from modelyard.client.commands import ProgressBar
 from modelyard.client.config import resolve
 from modelyard.client.multipart import MultipartBody
 from modelyard.client.tensors import decode_response, encode_request
@@ -177,7 +179,8 @@ def test_the_body_streams_files_block_by_block_with_an_exact_length(tmp_path, mo
 
     assert len(data) == len(body)
     assert 0 < max(reads) <= 1 << 20  # never a whole file, never unbounded
-    assert seen[-1] == (len(body), len(body))
+    files = len(b"onnx-bytes") + big.stat().st_size
+    assert seen[-1] == (files, files)  # the files' bytes, not the form around them
     assert [sent for sent, _ in seen] == sorted(sent for sent, _ in seen)
     message = email.parser.BytesParser().parsebytes(
         f"Content-Type: {body.content_type}\r\n\r\n".encode() + data  # parse it back as any server would
@@ -192,6 +195,28 @@ def test_the_body_streams_files_block_by_block_with_an_exact_length(tmp_path, mo
         ("file", "model.onnx", b"onnx-bytes"),
         ("file", "weights.bin", big.read_bytes()),
     ]
+
+
+def test_push_progress_counts_the_files_bytes_not_the_multipart_around_them(tmp_path):
+    model = tmp_path / "model.onnx"
+    model.write_bytes(b"m" * 290)
+    out = io.StringIO()
+    seen: list[tuple[int, int]] = []
+    bar = ProgressBar("Uploading model.onnx", stream=out)
+
+    def progress(sent: int, total: int) -> None:
+        seen.append((sent, total))
+        bar(sent, total)
+
+    body = MultipartBody(
+        [("description", "a cut"), ("metadata", '{"run": 1}')], [("model.onnx", model)], progress=progress
+    )
+    while body.read(64):
+        pass
+    assert len(body) > 290 + 200  # the boundaries, part headers and fields go out too
+    assert seen[-1] == (290, 290)
+    assert all(total == 290 and 0 < sent <= 290 for sent, total in seen)
+    assert "100.0%  290 B / 290 B" in out.getvalue().splitlines()[-1]
 
 
 def test_a_file_that_changes_while_uploading_stops_the_upload(tmp_path):

@@ -186,6 +186,66 @@ def test_1_maintainer_uploads_with_progress_and_sees_the_version_ready(server, b
     assert csp_violations(page) == []
 
 
+def test_1_an_upload_with_every_optional_field_left_empty_is_stored(server, browser):
+    """The default path: only the model chosen, Description and Metadata left as the page shows them."""
+    mia = person("mia", Role.MAINTAINER)
+    services.model_create(name="demo", actor=mia)
+    page = login(browser, server.url, "mia")
+    page.goto(f"{server.url}/ui/models/demo/upload")
+    page.set_input_files("#id_file", files=[{"name": "model.onnx", "mimeType": "", "buffer": add_model_bytes()}])
+    assert page.input_value("#id_description") == "" and page.input_value("#id_metadata") == ""
+    page.get_by_role("button", name="Upload").click()
+    page.wait_for_url(f"{server.url}/ui/models/demo/versions/1", timeout=60_000)
+    page.locator("#status .badge").filter(has_text="ready").wait_for()
+    assert page.get_by_role("status").first.inner_text() == "Version 1 uploaded."
+    version = ModelVersion.objects.get(model__name="demo", version=1)
+    assert (version.status, version.description, version.metadata, version.tags) == ("ready", "", {}, [])
+    assert csp_violations(page) == []
+
+
+def test_1_a_maintainer_edits_a_versions_description_and_tags_then_clears_them(server, browser):
+    mia = person("mia", Role.MAINTAINER)
+    services.model_create(name="demo", actor=mia)
+    upload("demo", mia)
+    page = login(browser, server.url, "mia")
+    page.goto(f"{server.url}/ui/models/demo/versions/1")
+    assert page.locator("#version-tags").inner_text() == "—"
+    page.locator("#version-edit summary").click()
+    page.fill("#version-edit #id_description", "epoch 7, better recall")
+    page.fill("#version-edit #id_tags", "candidate, run:42")
+    page.locator("#version-edit").get_by_role("button", name="Save").click()
+    page.wait_for_url(f"{server.url}/ui/models/demo/versions/1")
+    assert page.get_by_role("status").first.inner_text() == "Version 1 saved."
+    assert page.locator("#version-description").inner_text() == "epoch 7, better recall"
+    assert page.locator("#version-tags .tag").all_inner_texts() == ["candidate", "run:42"]
+    shoot(page, "version-edited")
+
+    # Both fields are optional: emptied, they clear.
+    page.locator("#version-edit summary").click()
+    page.fill("#version-edit #id_description", "")
+    page.fill("#version-edit #id_tags", "")
+    page.locator("#version-edit").get_by_role("button", name="Save").click()
+    page.wait_for_url(f"{server.url}/ui/models/demo/versions/1")
+    assert page.get_by_role("status").first.inner_text() == "Version 1 saved."
+    assert page.locator("#version-tags").inner_text() == "—"
+    version = ModelVersion.objects.get(model__name="demo", version=1)
+    assert (version.description, version.tags) == ("", [])
+    changes = [(e.actor, e.before, e.after) for e in AuditEvent.objects.filter(action="version.update").order_by("seq")]
+    assert changes == [
+        (
+            "mia",
+            {"description": "", "tags": []},
+            {"description": "epoch 7, better recall", "tags": ["candidate", "run:42"]},
+        ),
+        (
+            "mia",
+            {"description": "epoch 7, better recall", "tags": ["candidate", "run:42"]},
+            {"description": "", "tags": []},
+        ),
+    ]
+    assert csp_violations(page) == []
+
+
 def test_1_progress_bar_moves_while_the_bytes_go(server, browser):
     person("max", Role.MAINTAINER)
     services.model_create(name="demo", actor=Actor(user=get_user_model().objects.get(username="max")))

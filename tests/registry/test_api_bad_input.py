@@ -116,6 +116,23 @@ def test_impossible_date_for_alias_history_is_400(root):
     }
 
 
+@pytest.mark.parametrize(
+    ("query", "at"),
+    [
+        ("9999-12-31T23:59:59-23:59", "9999-12-31T23:59:59-23:59"),  # past year 9999 once in UTC
+        ("0001-01-01T00:00:00+01:00", "0001-01-01T00:00:00+01:00"),  # a '+' unencoded, as typed: a space
+        ("0001-01-01T00:00:00%2B01:00", "0001-01-01T00:00:00+01:00"),  # before year 1 once in UTC
+    ],
+)
+def test_a_time_out_of_range_in_utc_for_alias_history_is_400(root, query, at):
+    response = root.get(f"/api/v1/models/demo/aliases/production/history?at={query}")
+    assert response.status_code == 400
+    assert response.json() == {
+        "error": f"'at' must be a time between 0001-01-01 and 9999-12-31 in UTC; got {at!r}",
+        "detail": None,
+    }
+
+
 @pytest.mark.parametrize("param", ["since", "until"])
 def test_impossible_date_for_the_audit_log_is_400_naming_the_parameter(root, param):
     response = root.get(f"/api/v1/audit?{param}=2026-02-30T00:00:00Z")

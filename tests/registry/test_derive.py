@@ -191,6 +191,8 @@ def test_the_delta_uses_sample_inputs_and_extras_carry_over(owner: Person, regis
     ("body", "error"),
     [
         ({"recipe": "int4"}, 'unknown recipe "int4"; recipes are fp16, int8-dynamic, ort-optimized'),
+        ({"recipe": ["fp16"]}, 'unknown recipe ["fp16"]; recipes are fp16, int8-dynamic, ort-optimized'),
+        ({"recipe": {"fp16": True}}, 'unknown recipe {"fp16": true}; recipes are fp16, int8-dynamic, ort-optimized'),
         (
             {"recipe": "fp16", "options": {"turbo": True}},
             "unknown option(s) for fp16: turbo; its options are hidden_size, model_type, num_heads, op_block_list, "
@@ -212,6 +214,37 @@ def test_unknown_recipes_and_options_are_refused(owner: Person, registered: str,
     assert response.status_code == 400, response.content
     assert response.json()["error"] == error
     assert not DeriveJob.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        (
+            {"op_types": ["MatMul", "Add", "Gemm"]},
+            "option 'op_types' lists 3 names; at most 2 (MODELYARD_DERIVE_MAX_OPTION_ITEMS)",
+        ),
+        (
+            {"op_types": ["MatMul", "LayerNormalization"]},
+            "option 'op_types': a name is longer than 8 characters (MODELYARD_DERIVE_MAX_OPTION_ITEM_CHARS)",
+        ),
+    ],
+)
+def test_option_lists_past_their_limits_are_refused_naming_the_setting(
+    owner: Person, registered: str, settings: Any, options: Any, error: str
+) -> None:
+    settings.DERIVE_MAX_OPTION_ITEMS = 2
+    settings.DERIVE_MAX_OPTION_ITEM_CHARS = 8
+    parent = upload(owner, registered, [("model.onnx", add_model_bytes())])
+
+    response = derive(owner, registered, parent.version, "int8-dynamic", options)
+
+    assert response.status_code == 400, response.content
+    assert response.json() == {"error": error, "detail": None}
+    assert not DeriveJob.objects.exists()
+    assert not AuditEvent.objects.filter(action="version.derive.request").exists()
+    # Within both limits the same option is taken (and the job waited for, validation included).
+    child = derived_version(owner, registered, parent.version, "int8-dynamic", {"op_types": ["MatMul", "Add"]})
+    assert child.recipe["options"]["op_types"] == ["MatMul", "Add"]
 
 
 def test_only_a_ready_version_is_derived_from(owner: Person, registered: str) -> None:

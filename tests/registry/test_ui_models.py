@@ -77,7 +77,7 @@ def test_maintainer_creates_a_model_and_is_sent_to_its_upload_page(maintainer):
         (
             {"name": "ok", "tags": "fine, b@d"},
             400,
-            "tags: bad tag 'b@d': use letters, digits and . _ : / -, at most 64 characters",
+            "tags: bad tag 'b@d': use letters, digits and . _ : / -, at most 64 characters (MODELYARD_MAX_TAG_CHARS)",
         ),
         ({"name": "ok", "description": "x\x00y"}, 400, "description: Null characters are not allowed."),
     ],
@@ -162,6 +162,14 @@ def test_what_served_at_a_time_in_the_viewers_time_zone(maintainer, viewer):
     [
         ({"at": "yesterday"}, "at: 'yesterday' is not a date and time such as 2026-01-31T14:30"),
         ({"at": "2026-01-01T00:00", "tz": "Mars/Olympus"}, "at: unknown time zone 'Mars/Olympus'"),
+        (
+            {"at": "0001-01-01T00:00", "tz": "Asia/Tokyo"},
+            "at: '0001-01-01T00:00' (Asia/Tokyo) must be a time between 0001-01-01 and 9999-12-31 in UTC",
+        ),
+        (
+            {"at": "9999-12-31T23:59:59-05:00"},
+            "at: '9999-12-31T23:59:59-05:00' must be a time between 0001-01-01 and 9999-12-31 in UTC",
+        ),
     ],
 )
 def test_a_bad_time_is_400_with_the_message(maintainer, viewer, query, error):

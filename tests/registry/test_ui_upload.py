@@ -111,6 +111,15 @@ def test_a_version_that_fails_after_the_upload_was_answered_is_announced_as_fail
     assert "flash success" not in page
 
 
+def test_a_page_upload_with_every_optional_field_empty_is_stored(demo):
+    """The page always sends Description and Metadata; most people leave both empty."""
+    client = browser("mia", Role.MAINTAINER)
+    response = post(client, {"file": files(("model.onnx", add_model_bytes())), "description": "", "metadata": ""})
+    assert response.status_code == 201, response.content
+    version = ModelVersion.objects.get()
+    assert (version.status, version.description, version.metadata) == ("ready", "", {})
+
+
 def test_the_csrf_token_must_come_in_the_header_so_the_body_is_never_parsed_first(demo):
     client = browser("mia", Role.MAINTAINER)
     token = client.cookies["csrftoken"].value

@@ -152,6 +152,17 @@ def test_metadata_and_description_are_kept(owner, registered):
     assert response.json()["metadata"] == {"run": "abc"}
 
 
+@pytest.mark.parametrize("blank", ["", "  \r\n "], ids=["empty", "whitespace"])
+def test_empty_optional_fields_mean_none(owner, registered, blank):
+    """``curl -F metadata= -F description=``, as a form sends the fields left empty."""
+    response = owner.upload(registered, [("model.onnx", add_model_bytes())], metadata=blank, description=blank)
+    assert response.status_code == 201, response.content
+    assert (response.json()["metadata"], response.json()["description"]) == ({}, "")
+    version = ModelVersion.objects.get()
+    assert (version.status, version.metadata, version.description) == ("ready", {}, "")
+    assert AuditEvent.objects.filter(action="version.upload", target=f"{registered}/1").exists()
+
+
 def test_ir_version_newer_than_runtime_is_refused_outright(owner, registered):
     from registry.validation import runtime_limits
 
