@@ -139,6 +139,15 @@ def batch_key(feeds: Arrays) -> tuple[Any, ...]:
     return tuple(sorted((name, a.dtype.str, a.shape[1:]) for name, a in feeds.items()))
 
 
+def batch_rows(feeds: Arrays) -> int | None:
+    """The first dimension every input shares: the request's rows; None when they differ (or one is a scalar).
+
+    Outputs are split back by rows, so a request whose inputs disagree on them is never merged.
+    """
+    rows = {a.shape[0] if a.ndim else None for a in feeds.values()}
+    return rows.pop() if len(rows) == 1 else None
+
+
 class Batcher:
     def __init__(
         self,
@@ -189,13 +198,18 @@ class Batcher:
         max_queue_size: int,
         instances: int | None = None,
         lanes: Sequence[Callable[[Arrays], Arrays]] | None = None,
+        batching: bool | None = None,
     ) -> None:
         """Take new settings; safe from any thread, since each is one attribute read where it is used.
+
+        ``batching`` None keeps the current choice; a batch already filling finishes as it started.
 
         ``instances`` None keeps the current number. Fewer take effect as batches in flight finish;
         more, once the batch in flight ends. ``lanes`` None keeps the current ones; given, there must be
         one per instance (or none): a batch in flight keeps the lane it started on.
         """
+        if batching is not None:
+            self.batching = batching
         self.max_batch_size = max(1, max_batch_size)
         self.max_delay = max_queue_delay_us / 1e6
         self.max_queue_size = max_queue_size
@@ -236,12 +250,13 @@ class Batcher:
         loop = asyncio.get_running_loop()
         now_ns = time.monotonic_ns()
         now = now_ns / 1e9  # the same clock as time.monotonic()
-        first = next(iter(feeds.values()))
+        rows = batch_rows(feeds)
+        seq = next(self._seq)
         item = _Item(
-            order=(priority or DEFAULT_PRIORITY, next(self._seq)),
-            key=batch_key(feeds),
+            order=(priority or DEFAULT_PRIORITY, seq),
+            key=batch_key(feeds) if rows is not None else ("alone", seq),  # a key of its own: never merged
             feeds=feeds,
-            rows=first.shape[0] if self.batching and first.ndim else 1,
+            rows=1 if rows is None else rows,
             future=loop.create_future(),
             enqueued=now,
             enqueued_ns=now_ns,
@@ -431,12 +446,13 @@ class Batcher:
         started = time.monotonic_ns()
         if len(batch) == 1:
             item = batch[0]
+            rows = item.rows if self.batching else 1  # a model that does not batch counts one per run, as in Triton
             if self._on_batch:
-                self._on_batch(1, item.rows)
+                self._on_batch(1, rows)
             outputs = run(item.feeds)
             if self._stats is not None:
                 ran = time.monotonic_ns()
-                self._stats.batch_done(item.rows, 1, started - item.enqueued_ns, 0, ran - started, 0)
+                self._stats.batch_done(rows, 1, started - item.enqueued_ns, 0, ran - started, 0)
             return [outputs]
         names = list(batch[0].feeds)
         merged = {name: np.concatenate([item.feeds[name] for item in batch], axis=0) for name in names}

@@ -52,7 +52,11 @@ class InferRequest:
 
 
 def can_batch(signature: dict[str, Any]) -> bool:
-    """A model batches when every input and output has a dynamic first dimension."""
+    """A model's requests can be merged when every input and output has a dynamic first dimension.
+
+    The same rule as ``registry.signatures.batch_dimension_problem``; whether they are merged is the
+    registry's decision (``VersionSpec.batching``: validation's check and the model's setting).
+    """
     specs = signature.get("inputs", []) + signature.get("outputs", [])
     return bool(specs) and all(s.get("shape") and s["shape"][0] == -1 for s in specs)
 

@@ -102,7 +102,10 @@ class LoadedVersion:
         self.state = LoadState.READY
         self.version_label = str(spec.version)  # the version as /v2 names it, made once
         self.metrics = metrics.VersionMetrics(spec.model, self.version_label)
-        self.batching = can_batch(spec.signature)
+        # Merging concurrent requests: what the registry decided (validation's check, the model's setting),
+        # where the signature allows it. Also what /config says (max_batch_size 0 when not) and how
+        # classification reads the first dimension.
+        self.batching = spec.batching and can_batch(spec.signature)
         self.output_names = [output.name for output in session.get_outputs()]
         self.io_binding = provider in GPU_PROVIDERS  # outputs bound to CPU memory (sessions.run_with_iobinding)
         self.batcher = Batcher(
@@ -185,7 +188,10 @@ class LoadedVersion:
             max_queue_delay_us=spec.max_queue_delay_us,
             max_queue_size=spec.max_queue_size,
             instances=spec.instances,
+            batching=spec.batching,
+            batching_reason=spec.batching_reason,
         )
+        self.batching = spec.batching and can_batch(self.spec.signature)
         instances = self.instances_for(spec)
         lanes = None  # keep them
         if self._make_lanes is not None and instances != max(1, len(self.lane_sessions)):
@@ -202,6 +208,7 @@ class LoadedVersion:
             max_queue_size=spec.max_queue_size,
             instances=instances,
             lanes=lanes,
+            batching=self.batching,
         )
 
     def body_limit(self, default: int) -> BodyLimit:
@@ -642,6 +649,8 @@ class InferenceRuntime:
                     provider=v.provider,
                     note=v.note,
                     instances=v.instances,
+                    batching=v.batching,
+                    batching_reason=v.spec.batching_reason,
                     traffic=v.traffic.summary(),
                 )
                 for vid, v in self.loaded.items()

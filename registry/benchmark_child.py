@@ -77,7 +77,8 @@ def benchmark_child(request: dict[str, Any], on_step: Callable[[str], None]) -> 
         if time.perf_counter() > deadline and len(latencies) >= 10:
             break
     throughput: dict[str, float] = {}
-    sizes = sorted({8, min(32, int(request["max_batch_size"]))}) if batchable else []
+    most = int(request["max_batch_size"])  # 0: served without merging requests
+    sizes = sorted({8, min(32, most)}) if batchable and most > 0 else []
     for batch in sizes:
         on_step(f"measuring throughput at batch {batch}")
         feeds = _feeds(session, batch)

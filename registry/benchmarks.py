@@ -122,7 +122,8 @@ def benchmark_claim(*, provider: str, host_kind: str, worker_id: str) -> Benchma
             sha256=version.sha256,
             files=tuple(BenchmarkFile(f.name, f.storage_key, f.sha256, f.size_bytes) for f in files),
             model_file=next(f.name for f in files if f.role == "model"),
-            max_batch_size=version.model.max_batch_size,
+            # 0: served without merging requests, so throughput at a batch size means nothing for it
+            max_batch_size=version.model.max_batch_size if version.batching_decision().merges else 0,
             provider=provider,
         )
     return None

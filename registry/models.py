@@ -6,11 +6,14 @@ import hashlib
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
+
+from registry.signatures import batch_dimension_problem
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 name_validator = RegexValidator(
@@ -62,6 +65,31 @@ class ServingStrategy(models.TextChoices):
     REPLACE = "replace", "replace"  # unload first: for models too large to hold twice
 
 
+class Batching(models.TextChoices):
+    """Whether inference processes merge concurrent requests to a model into one run (its ``batching`` setting)."""
+
+    AUTO = "auto"  # as validation found: merged only when two samples run together gave each one's outputs alone
+    ON = "on"  # merged whenever the shapes allow, whatever validation found
+    OFF = "off"  # never merged
+
+
+class BatchCheck(models.TextChoices):
+    """What validation found when it ran two samples of a version together and each alone."""
+
+    SAFE = "safe"  # each sample's outputs were the same run together as alone: the first dimension is a batch
+    UNSAFE = "unsafe"  # they differed, or the run together failed: merging would change answers
+    NO_BATCH_DIMENSION = "no-batch-dimension"  # an input or output has no dynamic first dimension: never merged
+    UNCHECKED = "unchecked"  # the check could not run (or the version was validated before it existed)
+
+
+@dataclass(frozen=True)
+class BatchingDecision:
+    """Whether a served version's concurrent requests are merged, and why, in a sentence."""
+
+    merges: bool
+    reason: str
+
+
 class RegisteredModel(models.Model):
     """A named model: the parent of its numbered versions."""
 
@@ -72,8 +100,10 @@ class RegisteredModel(models.Model):
     serving_strategy = models.CharField(
         max_length=16, choices=ServingStrategy.choices, default=ServingStrategy.BLUE_GREEN
     )
-    # Dynamic batching on /v2 (used when every input and output has a dynamic first dimension). With no
-    # queue delay (the default, as in Triton) requests still merge while the previous batch runs.
+    # Dynamic batching on /v2 (used when every input and output has a dynamic first dimension, and
+    # ModelVersion.batching_decision says so). With no queue delay (the default, as in Triton) requests
+    # still merge while the previous batch runs. max_batch_size 0 is Triton's "this model does not batch".
+    batching = models.CharField(max_length=8, choices=Batching.choices, default=Batching.AUTO)
     max_batch_size = models.PositiveIntegerField(default=32)
     max_queue_delay_us = models.PositiveIntegerField(default=0)
     max_queue_size = models.PositiveIntegerField(default=1024)
@@ -132,6 +162,9 @@ class ModelVersion(models.Model):
     )
     recipe = models.JSONField(default=dict, blank=True)
     accuracy = models.JSONField(default=dict, blank=True)
+    # Whether concurrent requests may be merged along the first dimension (registry/validation.py), and why.
+    batch_check = models.CharField(max_length=24, choices=BatchCheck.choices, default=BatchCheck.UNCHECKED)
+    batch_note = models.TextField(blank=True, default="")
 
     class Meta:
         ordering = ["model_id", "-version"]
@@ -149,6 +182,36 @@ class ModelVersion(models.Model):
     def problems(self) -> list[tuple[str, str]]:
         """Each validation error as its reason (the first line) and the detail after it ("" when none)."""
         return [reason_and_detail(str(error)) for error in self.errors]
+
+    def batching_decision(self, model: RegisteredModel | None = None) -> BatchingDecision:
+        """Whether inference processes merge this version's concurrent requests: the model's setting over the check.
+
+        ``model`` is this version's model, when the caller already holds it. Unchecked is the safe side:
+        not merged, unless the model's setting says on.
+        """
+        if self.status != VersionStatus.READY:
+            return BatchingDecision(False, f"the version is {self.status}, not ready: it is not served")
+        model = model or self.model
+        finding = self.batch_note or "validated before Modelyard checked whether requests may be merged"
+        if self.batch_check == BatchCheck.NO_BATCH_DIMENSION:
+            return BatchingDecision(False, finding)
+        problem = batch_dimension_problem(self.signature)
+        if problem:  # validated before the check existed, or a signature the check never saw
+            return BatchingDecision(False, problem)
+        if model.max_batch_size == 0:
+            return BatchingDecision(False, "the model's max_batch_size is 0: it does not batch")
+        if model.batching == Batching.OFF:
+            return BatchingDecision(False, "the model's batching is off")
+        if model.batching == Batching.ON:
+            found = "" if self.batch_check == BatchCheck.SAFE else f" (validation: {finding})"
+            return BatchingDecision(True, f"the model's batching is on{found}")
+        if self.batch_check == BatchCheck.SAFE:
+            return BatchingDecision(True, finding)
+        if self.batch_check == BatchCheck.UNSAFE:
+            return BatchingDecision(False, finding)
+        return BatchingDecision(
+            False, f"{finding}; unchecked, it is served without merging (set the model's batching to on to merge)"
+        )
 
 
 def reason_and_detail(text: str) -> tuple[str, str]:

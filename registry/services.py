@@ -78,6 +78,7 @@ EDITABLE_MODEL_FIELDS = (
     "description",
     "tags",
     "serving_strategy",
+    "batching",
     "max_batch_size",
     "max_queue_delay_us",
     "max_queue_size",
@@ -308,6 +309,8 @@ def version_record_validation(*, version_id: int, result: ValidationResult) -> M
     version.ir_version = result.ir_version
     version.opset = result.opset
     version.producer = result.producer
+    version.batch_check = result.batch_check
+    version.batch_note = result.batch_note
     version.validated_at = timezone.now()
     version.save()
     if result.ok:  # benchmarked on the serving hardware: inference processes take these rows

@@ -138,11 +138,22 @@ class VersionSpec:
     max_queue_delay_us: int = 0
     max_queue_size: int = 1024
     instances: int | None = None  # batches in flight at once; None: by provider (1 on the CPU, 2 on a GPU)
+    # Whether concurrent requests are merged into one run (ModelVersion.batching_decision), and why. The
+    # runtime also merges only when every input and output has a dynamic first dimension.
+    batching: bool = True
+    batching_reason: str = ""
 
     @property
-    def batching_settings(self) -> tuple[int, int, int, int | None]:
+    def batching_settings(self) -> tuple[int, int, int, int | None, bool, str]:
         """What ``PATCH /api/v1/models/{m}`` may change while the version serves: a loaded version takes it as is."""
-        return (self.max_batch_size, self.max_queue_delay_us, self.max_queue_size, self.instances)
+        return (
+            self.max_batch_size,
+            self.max_queue_delay_us,
+            self.max_queue_size,
+            self.instances,
+            self.batching,
+            self.batching_reason,
+        )
 
 
 @dataclass(frozen=True)
@@ -167,6 +178,7 @@ def desired_state() -> DesiredState:
         version = alias.version
         assert version is not None
         files = version.files.all()
+        batching = version.batching_decision(alias.model)
         versions[version.pk] = VersionSpec(
             version_id=version.pk,
             model=alias.model.name,
@@ -180,6 +192,8 @@ def desired_state() -> DesiredState:
             max_queue_delay_us=alias.model.max_queue_delay_us,
             max_queue_size=alias.model.max_queue_size,
             instances=alias.model.instances,
+            batching=batching.merges,
+            batching_reason=batching.reason,
         )
         routes.setdefault(alias.model.name, {})[alias.name] = version.pk
     return DesiredState(versions=versions, routes=routes)
@@ -246,6 +260,8 @@ class LoadedRow:
     note: str = ""  # e.g. why the session runs on another provider than the one requested
     attempts: int = 0  # failed loads so far
     instances: int = 0  # batches it runs at once (the model's setting, or the provider's default); 0 when not loaded
+    batching: bool | None = None  # whether it merges concurrent requests; None when not loaded
+    batching_reason: str = ""
     # The last minutes of requests, for the fleet page; left out of comparisons, so that traffic alone
     # does not make the runtime report before its heartbeat is due.
     traffic: tuple[TrafficBucket, ...] = field(default=(), compare=False)
@@ -263,6 +279,8 @@ class LoadedRow:
             "note": self.note,
             "attempts": self.attempts,
             "instances": self.instances,
+            "batching": self.batching,
+            "batching_reason": self.batching_reason,
             "traffic": [bucket.as_json() for bucket in self.traffic],
         }
 
@@ -280,6 +298,8 @@ class LoadedRow:
             note=row.get("note", ""),
             attempts=row.get("attempts", 0),
             instances=row.get("instances", 0),
+            batching=row.get("batching"),
+            batching_reason=row.get("batching_reason", ""),
             traffic=tuple(TrafficBucket.from_json(bucket) for bucket in row.get("traffic", ())),
         )
 

@@ -1,4 +1,5 @@
-"""Comparing two version signatures: what would break a client of the version now served."""
+"""Comparing two version signatures: what would break a client of the version now served; and whether a
+signature lets requests be merged at all."""
 
 from __future__ import annotations
 
@@ -88,3 +89,28 @@ def signature_compare(old: dict[str, list[Spec]], new: dict[str, list[Spec]]) ->
             about = tuple(problem for problem in breaking if problem.startswith(f"{kind} '{name}'"))
             rows.append(SignatureChange(kind, name, before.get(name), after.get(name), about))
     return rows
+
+
+def batch_dimension_problem(signature: dict[str, Any]) -> str:
+    """Why requests to a model with this signature can never be merged, in a sentence; "" when they can.
+
+    The rule of the /v2 batcher (``inference.protocol.can_batch``): every input and output has a
+    dynamic first dimension, along which requests are stacked.
+    """
+    specs = [("input", spec) for spec in signature.get("inputs", [])]
+    specs += [("output", spec) for spec in signature.get("outputs", [])]
+    if not specs:
+        return "the model has no tensor inputs or outputs"
+    for kind, spec in specs:
+        shape = spec.get("shape")
+        what = f"{kind} '{spec['name']}'"
+        if shape is None:
+            problem = f"{what} has no known shape"
+        elif not shape:
+            problem = f"{what} is a scalar"
+        elif shape[0] != -1:
+            problem = f"{what} has a fixed first dimension ({shape[0]})"
+        else:
+            continue
+        return f"{problem}: requests are merged only along a dynamic first dimension of every input and output"
+    return ""

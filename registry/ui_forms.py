@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from django import forms
 from django.utils import timezone
 
-from registry.models import NAME_PATTERN, Role, tags_problem
+from registry.models import NAME_PATTERN, Batching, Role, tags_problem
 
 NAME_MESSAGE = (
     "invalid model name: use 1-64 characters of lowercase letters, digits, '.', '_' or '-', "
@@ -57,6 +57,13 @@ class ModelEditForm(UiForm):
 
 class VersionEditForm(ModelEditForm):
     """A version's description and tags, edited after its upload."""
+
+
+class ModelBatchingForm(UiForm):
+    """Whether a model's concurrent requests are merged, and into batches of how many rows (empty: unchanged)."""
+
+    batching = forms.ChoiceField(choices=Batching.choices)
+    max_batch_size = forms.IntegerField(required=False, min_value=0, max_value=4096)
 
 
 class ModelCreateForm(ModelEditForm):

@@ -9,6 +9,7 @@ urlpatterns = [
     path("", ui_views.model_index, name="models"),
     path("models/<str:name>", ui_views.model_detail, name="model"),
     path("models/<str:name>/upload", ui_views.version_upload_page, name="upload"),
+    path("models/<str:name>/batching", ui_views.model_batching, name="model-batching"),
     path("models/<str:name>/versions/<int:number>", ui_views.version_detail, name="version"),
     path("models/<str:name>/compare", ui_views.version_compare, name="compare"),
     path("models/<str:name>/promote", ui_views.promotion_request, name="promote"),

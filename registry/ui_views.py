@@ -61,6 +61,7 @@ from registry.signatures import signature_compare
 from registry.ui_charts import traffic_charts
 from registry.ui_errors import error_page
 from registry.ui_forms import (
+    ModelBatchingForm,
     ModelCreateForm,
     ModelEditForm,
     PromotionRequestForm,
@@ -175,6 +176,7 @@ def _model_detail(
     model: RegisteredModel,
     *,
     form: ModelEditForm | None = None,
+    batching_form: ModelBatchingForm | None = None,
     error: str = "",
     status: int = 200,
 ) -> HttpResponse:
@@ -193,6 +195,8 @@ def _model_detail(
         "at": at,
         "served_at": served_at,
         "form": form or ModelEditForm(initial={"description": model.description, "tags": " ".join(model.tags)}),
+        "batching_form": batching_form
+        or ModelBatchingForm(initial={"batching": model.batching, "max_batch_size": model.max_batch_size}),
         "error": error or at_error,
     }
     return render(request, "modelyard/ui/model.html", context, status=400 if at_error and status == 200 else status)
@@ -218,6 +222,26 @@ def model_detail(request: HttpRequest, name: str) -> HttpResponse:
     except RegistryError as exc:
         return _model_detail(request, model, form=form, error=exc.message, status=refusal(request, exc))
     messages.success(request, f"Model '{model.name}' saved.")
+    return redirect("ui:model", name=model.name)
+
+
+@login_required
+@require_POST
+def model_batching(request: HttpRequest, name: str) -> HttpResponse:
+    """POST: whether the model's concurrent requests are merged (auto, on, off) and its max_batch_size (maintainers)."""
+    model = get_object_or_404(RegisteredModel, name=name)
+    form = ModelBatchingForm(request.POST)
+    try:
+        require_role(request, Role.MAINTAINER, what="changing a model's batching")
+        if not form.is_valid():
+            raise _form_refusal(form)
+        changes = {"batching": form.cleaned_data["batching"]}
+        if form.cleaned_data["max_batch_size"] is not None:
+            changes["max_batch_size"] = form.cleaned_data["max_batch_size"]
+        services.model_update(model=model, actor=actor_from_request(request), **changes)
+    except RegistryError as exc:
+        return _model_detail(request, model, batching_form=form, error=exc.message, status=refusal(request, exc))
+    messages.success(request, f"Batching of '{model.name}' saved; inference processes take it on their next pass.")
     return redirect("ui:model", name=model.name)
 
 
@@ -294,6 +318,7 @@ def _version_detail(
         "derived": [v.version for v in selectors.version_list(model=model) if v.derived_from_id == version.pk],
         "form": form or VersionEditForm(initial={"description": version.description, "tags": " ".join(version.tags)}),
         "error": error,
+        "batching": version.batching_decision(model),
     }
     return render(request, "modelyard/ui/version.html", context, status=status)
 

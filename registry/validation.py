@@ -4,7 +4,11 @@ Everything here works on files in a local folder (the version's files, under the
 names) and returns findings a person can read; nothing touches the database. The test run feeds
 the model its ``sample_inputs.json`` when the upload carries one (the /v2 JSON request format), and
 otherwise synthetic inputs: ones, and ``"a"`` for strings, which a model that parses its string
-inputs cannot read, so a synthetic run that fails on such a model is a warning. ``validate_bundle``
+inputs cannot read, so a synthetic run that fails on such a model is a warning. Then it checks
+whether concurrent requests may be merged along the first dimension, as the /v2 batcher does: it
+runs two different samples together and each alone, and compares (:func:`check_batching`). A model
+whose first dimension is not a batch (a softmax over it, a sequence) answers differently run
+together, and is then served without merging. ``validate_bundle``
 runs inside the child process of ``registry.validation_process``, under its time and memory
 limits: a hostile model can make the checker, shape inference or ONNX Runtime allocate or loop
 without bound, and only a separate process can be stopped safely.
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
@@ -26,6 +31,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from registry.datatypes import NUMPY_OF, ONNX_TO_PROTOCOL, numpy_of_ort_type
+from registry.signatures import batch_dimension_problem
 from registry.text_input import TOKENIZER_FILE, TokenizerError, load_tokenizer, pad_encodings, text_signature
 
 # An extra of the upload: inputs for the test run, as a /v2 JSON inference request.
@@ -91,6 +97,25 @@ def runtime_limit_errors(ir_version: int | None, opsets: dict[str, int]) -> list
     return errors
 
 
+# What the batching check found (the values of ``registry.models.BatchCheck``; this module loads no Django).
+BATCH_SAFE = "safe"
+BATCH_UNSAFE = "unsafe"
+NO_BATCH_DIMENSION = "no-batch-dimension"
+BATCH_UNCHECKED = "unchecked"
+# How far an output of two samples run together may be from the same sample's run alone: ONNX Runtime
+# may pick other kernels for another batch size, which round differently. Half precision rounds more.
+BATCH_TOLERANCE = 1e-4
+BATCH_TOLERANCE_HALF = 1e-2
+# A model that quantizes its activations dynamically (ONNX Runtime's int8-dynamic, the derive recipe) scales
+# them by the whole tensor's range, so a merged run rounds each row a little differently: allowed up to this
+# share of the output's largest value. A first dimension that is not a batch moves outputs far more.
+BATCH_TOLERANCE_QUANTIZED = 0.05
+DYNAMIC_QUANTIZATION_OPS = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM"})
+# The check runs three more times what the test run took at most; it is skipped when that would take
+# validation past this share of its time limit (MODELYARD_VALIDATION_TIMEOUT_SECONDS).
+BATCH_CHECK_TIME_SHARE = 0.8
+
+
 @dataclass
 class ValidationResult:
     """The outcome of validating one version's files."""
@@ -102,6 +127,11 @@ class ValidationResult:
     opset: list[dict[str, Any]] = field(default_factory=list)
     producer: dict[str, str] = field(default_factory=dict)
     external_data_files: set[str] = field(default_factory=set)
+    batch_check: str = BATCH_UNCHECKED  # may concurrent requests be merged (:func:`check_batching`)
+    batch_note: str = ""  # why, in a sentence
+
+    def batching(self, check: str, note: str) -> None:
+        self.batch_check, self.batch_note = check, note
 
     @property
     def ok(self) -> bool:
@@ -166,14 +196,13 @@ def _reraise_if_out_of_memory(exc: BaseException) -> None:
         raise MemoryError(_message(exc)) from exc
 
 
-def _run_on(session: Any, feeds: dict[str, Any], failure: str) -> list[str]:
-    """One ``run()`` of the test run on given inputs: no errors, or ``failure`` with ONNX Runtime's first line."""
+def _run_on(session: Any, feeds: dict[str, Any], failure: str) -> tuple[list[str], list[Any]]:
+    """One ``run()`` of the test run: no errors and the outputs, or ``failure`` with ONNX Runtime's first line."""
     try:
-        session.run(None, feeds)
+        return [], session.run(None, feeds)
     except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
         _reraise_if_out_of_memory(exc)
-        return [f"{failure}: {_message(exc)}"]
-    return []
+        return [f"{failure}: {_message(exc)}"], []
 
 
 def _tensor_spec(value_info: onnx.ValueInfoProto) -> dict[str, Any] | None:
@@ -332,13 +361,18 @@ def validate_bundle(
     *,
     memory_limit_bytes: int | None = None,
     tokenizer_max_bytes: int = 64 * 2**20,
+    time_limit_seconds: float | None = None,
     on_step: Callable[[str], None] = _no_step,
 ) -> ValidationResult:
     """Validate ``model_path`` whose sibling files are the version's other files.
 
     ``on_step`` hears the name of each step as it starts, so whoever stops a validation can say
     where it stopped. Allocation failures are raised as ``MemoryError``, whatever library hit them.
+    ``time_limit_seconds`` is the time validation has in all: the batching check is skipped when it
+    would not fit (:data:`BATCH_CHECK_TIME_SHARE`).
     """
+    started = time.monotonic()
+    deadline = started + time_limit_seconds * BATCH_CHECK_TIME_SHARE if time_limit_seconds else None
     result = ValidationResult()
     bundle_dir = model_path.parent
     on_step("loading the model")
@@ -406,6 +440,8 @@ def validate_bundle(
         on_step=on_step,
         samples=samples,
         text_feeds=text_feeds,
+        deadline=deadline,
+        quantized=quantizes_dynamically(model),
     )
     return result
 
@@ -435,6 +471,8 @@ def _run_once(
     on_step: Callable[[str], None],
     samples: Path | None = None,
     text_feeds: dict[str, np.ndarray] | None = None,
+    deadline: float | None = None,
+    quantized: bool = False,
 ) -> list[str]:
     import onnxruntime as ort
 
@@ -451,18 +489,32 @@ def _run_once(
     except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
         _reraise_if_out_of_memory(exc)
         return [f"ONNX Runtime could not load the model: {_message(exc)}"]
+    unbatched = batch_dimension_problem(result.signature)
+    if unbatched:
+        result.batching(NO_BATCH_DIMENSION, unbatched)
     if samples is not None:
         try:
             feeds = sample_inputs(samples.read_bytes(), result.signature)
         except SampleInputsError as exc:
             return [f"{SAMPLE_INPUTS}: {exc}"]
         on_step(f"running the model once in ONNX Runtime on {SAMPLE_INPUTS}")
-        return _run_on(session, feeds, f"ONNX Runtime could not run the model on {SAMPLE_INPUTS}")
+        begun = time.monotonic()
+        errors, outputs = _run_on(session, feeds, f"ONNX Runtime could not run the model on {SAMPLE_INPUTS}")
+        if not errors and not unbatched:
+            ran = time.monotonic() - begun
+            _check_sample(session, result, feeds, outputs, ran, deadline, on_step, SAMPLE_INPUTS, quantized)
+        return errors
     if text_feeds is not None:
         on_step(f"running the model once in ONNX Runtime on text through {TOKENIZER_FILE}")
-        return _run_on(
+        begun = time.monotonic()
+        errors, outputs = _run_on(
             session, text_feeds, f"ONNX Runtime could not run the model on text tokenised by {TOKENIZER_FILE}"
         )
+        if not errors and not unbatched:
+            what = f"the sample texts tokenised by {TOKENIZER_FILE}"
+            ran = time.monotonic() - begun
+            _check_sample(session, result, text_feeds, outputs, ran, deadline, on_step, what, quantized)
+        return errors
     needed, largest = synthetic_input_bytes(session)
     if memory_limit_bytes is not None and needed > memory_limit_bytes:
         # Refused before numpy tries: a fixed shape such as [2**40, 2**40] would need exabytes.
@@ -474,12 +526,15 @@ def _run_once(
         feeds = synthetic_inputs(session)
     except TypeError as exc:
         result.warnings.append(f"skipped the test run: {exc}")
+        if not unbatched:
+            result.batching(BATCH_UNCHECKED, f"the batching check could not run: {exc}")
         return []
     except ValueError as exc:  # numpy refuses shapes it cannot address at all
         return [f"the test run cannot build its synthetic inputs ({largest}): {_message(exc)}"]
     on_step("running the model once in ONNX Runtime")
+    begun = time.monotonic()
     try:
-        session.run(None, feeds)
+        outputs = session.run(None, feeds)
     except Exception as exc:  # noqa: BLE001
         _reraise_if_out_of_memory(exc)
         strings = [spec["name"] for spec in result.signature["inputs"] if spec["datatype"] == "BYTES"]
@@ -490,9 +545,192 @@ def _run_once(
                 f'{", ".join(printable(name) for name in strings)}, which validation fills with "a"; upload '
                 f"{SAMPLE_INPUTS} (a /v2 JSON inference request) with the version to test it on real inputs"
             )
+            if not unbatched:
+                result.batching(
+                    BATCH_UNCHECKED,
+                    f"the batching check could not run on synthetic strings; upload {SAMPLE_INPUTS} with two rows "
+                    "or more to check it",
+                )
             return []
         return [f"ONNX Runtime could not run the model on synthetic inputs: {_message(exc)}"]
+    if not unbatched:
+        ran = time.monotonic() - begun
+        if _check_fits(result, ran, deadline):
+            on_step("checking whether requests may be merged")
+            second = _variant(feeds, synthetic=True)
+            result.batching(*check_batching(session, feeds, second, "two synthetic samples", quantized=quantized))
     return []
+
+
+def _check_fits(result: ValidationResult, ran: float, deadline: float | None) -> bool:
+    """Whether the check's runs (about three times the test run) fit in validation's time; if not, say so."""
+    if deadline is None or time.monotonic() + 3 * ran <= deadline:
+        return True
+    result.batching(
+        BATCH_UNCHECKED,
+        f"the batching check was skipped: the test run took {ran:.1f} s, and the check needs about three times "
+        "that more, past the time validation has (MODELYARD_VALIDATION_TIMEOUT_SECONDS)",
+    )
+    return False
+
+
+def _check_sample(
+    session: Any,
+    result: ValidationResult,
+    feeds: dict[str, np.ndarray],
+    outputs: list[Any],
+    ran: float,
+    deadline: float | None,
+    on_step: Callable[[str], None],
+    source: str,
+    quantized: bool,
+) -> None:
+    """The batching check on given inputs: their two halves when they have two rows or more, else them and a variant."""
+    rows = {name: array.shape[0] for name, array in feeds.items()}
+    if len(set(rows.values())) > 1:
+        listed = ", ".join(f"'{printable(name)}' {count}" for name, count in rows.items())
+        result.batching(
+            BATCH_UNSAFE,
+            f"the inputs of {source} have different first dimensions ({listed}): the first dimension is not a batch",
+        )
+        return
+    count = next(iter(rows.values()), 0)
+    if count == 0:
+        result.batching(BATCH_UNCHECKED, f"the batching check could not run: {source} has no rows")
+        return
+    if not _check_fits(result, ran, deadline):
+        return
+    on_step("checking whether requests may be merged")
+    if count >= 2:
+        half = count // 2
+        first = {name: array[:half] for name, array in feeds.items()}
+        second = {name: array[half:] for name, array in feeds.items()}
+        what = f"two halves of {source}"
+        result.batching(*check_batching(session, first, second, what, together=outputs, quantized=quantized))
+    else:
+        what = f"{source} and a variant of it"
+        second = _variant(feeds, synthetic=False)
+        result.batching(*check_batching(session, feeds, second, what, first_alone=outputs, quantized=quantized))
+
+
+def _variant(feeds: dict[str, np.ndarray], *, synthetic: bool) -> dict[str, np.ndarray]:
+    """Other inputs of the same shapes: halved (floats), 0 or 1 (integers: an index that is always valid), negated.
+
+    A sample's strings are kept (nothing else is known to parse); synthetic ones become "b".
+    """
+    other: dict[str, np.ndarray] = {}
+    for name, array in feeds.items():
+        kind = array.dtype.kind
+        if kind in "fc":
+            other[name] = (array * 0.5 + 0.25).astype(array.dtype)
+        elif kind == "b":
+            other[name] = ~array
+        elif kind in "iu":
+            other[name] = np.zeros_like(array) if array.any() else np.ones_like(array)
+        elif synthetic:
+            other[name] = np.full(array.shape, "b", dtype=object)
+        else:
+            other[name] = array
+    return other
+
+
+def quantizes_dynamically(model: onnx.ModelProto) -> bool:
+    """Whether the graph quantizes activations at run time (their scale then depends on the whole batch)."""
+    return any(node.op_type in DYNAMIC_QUANTIZATION_OPS for node in model.graph.node)
+
+
+def _gap(together: np.ndarray, alone: np.ndarray, *, quantized: bool = False) -> tuple[bool, float, float]:
+    """Whether ``together`` matches ``alone`` within tolerance, the largest difference, and the tolerance."""
+    if together.dtype.kind not in "fc" or alone.dtype.kind not in "fc":
+        same = bool(np.array_equal(together, alone))
+        return same, 0.0 if same else math.inf, 0.0
+    tolerance = BATCH_TOLERANCE_HALF if together.dtype.itemsize <= 2 else BATCH_TOLERANCE
+    wide = np.complex128 if "c" in (together.dtype.kind, alone.dtype.kind) else np.float64
+    x, y = together.astype(wide), alone.astype(wide)
+    finite = np.isfinite(x) & np.isfinite(y)
+    if quantized and finite.any():
+        tolerance = max(tolerance, BATCH_TOLERANCE_QUANTIZED * float(np.max(np.abs(y[finite]))))
+    close = np.isclose(x, y, rtol=0 if quantized else tolerance, atol=tolerance, equal_nan=True)
+    largest = float(np.max(np.abs(x - y)[finite])) if finite.any() else 0.0
+    if not close.all() and largest <= tolerance:
+        largest = math.inf  # an infinity or NaN in one and not the other
+    return bool(close.all()), largest, tolerance
+
+
+def check_batching(
+    session: Any,
+    first: dict[str, np.ndarray],
+    second: dict[str, np.ndarray],
+    what: str,
+    *,
+    first_alone: list[Any] | None = None,
+    together: list[Any] | None = None,
+    quantized: bool = False,
+) -> tuple[str, str]:
+    """Run ``first`` and ``second`` stacked along the first dimension, as the /v2 batcher merges two requests, and
+    each alone; (a ``BATCH_*`` value, why in a sentence).
+
+    ``first_alone`` and ``together`` are outputs the test run already has. Running together must give
+    each sample exactly its own outputs (floats within :data:`BATCH_TOLERANCE`, or
+    :data:`BATCH_TOLERANCE_QUANTIZED` of the output's largest value when the model is ``quantized``
+    dynamically); a run together that fails, or outputs that cannot be split back by rows, are unsafe
+    too. A sample that cannot run alone, or memory running out, leaves the question open.
+    """
+    allowing = f", {BATCH_TOLERANCE_QUANTIZED:.0%} of the largest value for dynamic quantization" if quantized else ""
+    names = [output.name for output in session.get_outputs()]
+    rows_first = next(iter(first.values())).shape[0]
+    rows_second = next(iter(second.values())).shape[0]
+    try:
+        if together is None:
+            merged = {name: np.concatenate([first[name], second[name]], axis=0) for name in first}
+            try:
+                together = session.run(None, merged)
+            except Exception as exc:  # noqa: BLE001 - ORT raises its own exception types
+                _reraise_if_out_of_memory(exc)
+                return BATCH_UNSAFE, f"{what} fail when run together: {_message(exc)}"
+        alone: list[list[Any]] = []
+        for label, feeds, known in (("first", first, first_alone), ("second", second, None)):
+            if known is not None:
+                alone.append(known)
+                continue
+            try:
+                alone.append(session.run(None, feeds))
+            except Exception as exc:  # noqa: BLE001
+                _reraise_if_out_of_memory(exc)
+                return BATCH_UNCHECKED, f"the batching check could not run: the {label} of {what} failed alone: " + (
+                    _message(exc)
+                )
+    except MemoryError:
+        return BATCH_UNCHECKED, (
+            f"the batching check could not run: running {what} needed more memory than validation may use "
+            "(MODELYARD_VALIDATION_MEMORY_MB)"
+        )
+    largest, tolerance = 0.0, 0.0
+    for index, name in enumerate(names):
+        value = np.asarray(together[index])
+        shown = f"output '{printable(name)}'"
+        if value.ndim == 0 or value.shape[0] != rows_first + rows_second:
+            return BATCH_UNSAFE, (
+                f"{shown} has shape {list(value.shape)} for {what} of {rows_first} and {rows_second} row(s) run "
+                f"together, not {rows_first + rows_second} rows: its first dimension is not a batch"
+            )
+        for part, own in ((value[:rows_first], alone[0][index]), (value[rows_first:], alone[1][index])):
+            own = np.asarray(own)
+            if part.shape != own.shape:
+                return BATCH_UNSAFE, (
+                    f"{shown} has shape {list(part.shape)} run together with another sample and {list(own.shape)} "
+                    "alone: its first dimension is not a batch"
+                )
+            close, gap, limit = _gap(part, own, quantized=quantized)
+            if not close:
+                by = f" by up to {gap:.3g} (tolerance {limit:.3g}{allowing})" if math.isfinite(gap) and limit else ""
+                return BATCH_UNSAFE, (
+                    f"{shown} of {what} run together differs from each run alone{by}: "
+                    "the first dimension is not a batch"
+                )
+            largest, tolerance = max(largest, gap), max(tolerance, limit)
+    within = f" (largest difference {largest:.2g}, tolerance {tolerance:.3g}{allowing})" if tolerance else ""
+    return BATCH_SAFE, f"{what} run together gave the outputs each gave alone{within}: the first dimension is a batch"
 
 
 def _size(size: int) -> str:

@@ -214,6 +214,8 @@ def _result_from_json(data: dict[str, Any]) -> ValidationResult:
         opset=data["opset"],
         producer=data["producer"],
         external_data_files=set(data["external_data_files"]),
+        batch_check=str(data.get("batch_check", "unchecked")),
+        batch_note=str(data.get("batch_note", "")),
     )
 
 
@@ -247,6 +249,7 @@ def child_main() -> None:
             set(request["file_names"]),
             memory_limit_bytes=int(request["memory_mb"]) * 2**20,
             tokenizer_max_bytes=int(request["tokenizer_max_bytes"]),
+            time_limit_seconds=float(request["timeout_seconds"]),
             on_step=lambda step: report({"step": step}),
         )
         reply: dict[str, Any] = {
@@ -258,6 +261,8 @@ def child_main() -> None:
                 "opset": result.opset,
                 "producer": result.producer,
                 "external_data_files": sorted(result.external_data_files),
+                "batch_check": result.batch_check,
+                "batch_note": result.batch_note,
             }
         }
     except MemoryError:

@@ -194,6 +194,32 @@ def cmd_show(args: argparse.Namespace, client: Client) -> int:
         _print_lines("  error    ", error)
     for warning in version.warnings:
         _print_lines("  warning  ", warning)
+    batching = version.raw.get("batching")
+    if version.status == "ready" and batching:
+        print(f"  batching {'merged' if batching.get('merges') else 'not merged'}: {batching.get('reason', '')}")
+    return 0
+
+
+def cmd_batching(args: argparse.Namespace, client: Client) -> int:
+    changes: dict[str, Any] = {}
+    if args.setting is not None:
+        changes["batching"] = args.setting
+    if args.max_batch_size is not None:
+        changes["max_batch_size"] = args.max_batch_size
+    model = client.update_model(args.name, **changes) if changes else client.get_model(args.name)
+    versions = client.list_versions(args.name, status="ready")
+    if args.json:
+        _print_json({"model": model.raw, "versions": {v.version: v.raw.get("batching") for v in versions}})
+        return 0
+    size = model.raw.get("max_batch_size")
+    print(
+        f"{model.name}: batching {model.raw.get('batching')}, max_batch_size {size}"
+        + (" (does not batch)" if size == 0 else "")
+    )
+    for version in versions:
+        decision = version.raw.get("batching") or {}
+        verdict = "merged" if decision.get("merges") else "not merged"
+        print(f"  v{version.version}: {verdict}: {decision.get('reason', '')}")
     return 0
 
 
@@ -617,6 +643,17 @@ def add_commands(sub: Any) -> None:
     p = command("show", cmd_show, "a version's files, signature, validation errors and metadata")
     p.add_argument("name")
     p.add_argument("version", help="a number or an alias")
+
+    p = command(
+        "batching",
+        cmd_batching,
+        "whether a model's concurrent requests are merged (auto: as validation found), and each ready version's",
+    )
+    p.add_argument("name")
+    p.add_argument("setting", nargs="?", choices=["auto", "on", "off"], help="change it (maintainer role)")
+    p.add_argument(
+        "--max-batch-size", type=int, default=None, metavar="N", help="rows per merged run; 0: the model does not batch"
+    )
 
     p = command("promote", cmd_promote, "point an alias at a version (a request when the alias is protected)")
     p.add_argument("name")

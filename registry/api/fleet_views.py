@@ -33,6 +33,10 @@ class LoadedRowSerializer(serializers.Serializer[serving.LoadedRow]):
     note = serializers.CharField()
     attempts = serializers.IntegerField()
     instances = serializers.IntegerField(help_text="batches run at once on the shared session; 0 when not loaded")
+    batching = serializers.BooleanField(
+        allow_null=True, help_text="whether it merges concurrent requests into one run; null when not loaded"
+    )
+    batching_reason = serializers.CharField(help_text="why it merges requests or not")
     traffic = TrafficBucketSerializer(many=True, help_text="the last minutes of requests, 10-second intervals")
 
 

@@ -5,7 +5,15 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
-from registry.models import NAME_PATTERN, ModelFile, ModelVersion, RegisteredModel, ServingStrategy, tags_problem
+from registry.models import (
+    NAME_PATTERN,
+    Batching,
+    ModelFile,
+    ModelVersion,
+    RegisteredModel,
+    ServingStrategy,
+    tags_problem,
+)
 
 
 class ModelSerializer(serializers.ModelSerializer[RegisteredModel]):
@@ -18,6 +26,7 @@ class ModelSerializer(serializers.ModelSerializer[RegisteredModel]):
             "description",
             "tags",
             "serving_strategy",
+            "batching",
             "max_batch_size",
             "max_queue_delay_us",
             "max_queue_size",
@@ -61,7 +70,10 @@ class ModelUpdateInput(serializers.Serializer[Any]):
     description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
     tags = TagsField(required=False)
     serving_strategy = serializers.ChoiceField(choices=ServingStrategy.values, required=False)
-    max_batch_size = serializers.IntegerField(min_value=1, max_value=4096, required=False)
+    # auto: merge concurrent requests when validation found it safe; on, off: whatever it found
+    batching = serializers.ChoiceField(choices=Batching.values, required=False)
+    # 0: the model does not batch (Triton's max_batch_size 0): requests are never merged
+    max_batch_size = serializers.IntegerField(min_value=0, max_value=4096, required=False)
     max_queue_delay_us = serializers.IntegerField(min_value=0, max_value=10_000_000, required=False)
     max_queue_size = serializers.IntegerField(min_value=1, max_value=1_000_000, required=False)
     # null: by provider (1 on the CPU, 2 on a GPU)
@@ -79,6 +91,7 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
     files = FileSerializer(many=True, read_only=True)
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
     derived_from = serializers.IntegerField(source="derived_from.version", default=None, read_only=True)
+    batching = serializers.SerializerMethodField()
 
     class Meta:
         model = ModelVersion
@@ -104,8 +117,19 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
             "derived_from",
             "recipe",
             "accuracy",
+            "batching",
         ]
         read_only_fields = fields
+
+    def get_batching(self, version: ModelVersion) -> dict[str, Any]:
+        """Whether inference processes merge its concurrent requests and why; what validation's check found."""
+        decision = version.batching_decision()
+        return {
+            "merges": decision.merges,
+            "reason": decision.reason,
+            "check": version.batch_check,
+            "check_note": version.batch_note,
+        }
 
 
 class VersionUpdateInput(serializers.Serializer[Any]):

@@ -306,3 +306,43 @@ def test_a_pulled_file_whose_sha256_does_not_match_is_not_kept(live: LiveServer)
     assert "modelyard pull: model.onnx.data of 'tampered' version 1: sha256 " in done.stderr
     assert done.stderr.rstrip().endswith("; the file was not kept")
     assert sorted(p.name for p in (live.folder / "out").iterdir()) == ["model.onnx"]
+
+
+def test_batching_shows_and_changes_whether_a_models_requests_are_merged(live: LiveServer, tmp_path: Path):
+    from tests.support.onnx_models import first_dim_model
+
+    token = ("--token", live.createtoken("nora", "maintainer"))
+    model = tmp_path / "normalised.onnx"
+    model.write_bytes(first_dim_model("softmax0").SerializeToString())
+    ok(live.run("push", "normalised", str(model), "--quiet", *token))
+    unsafe = (
+        "output 'y' of two synthetic samples run together differs from each run alone by up to 0.438 "
+        "(tolerance 0.0001): the first dimension is not a batch"
+    )
+
+    shown = ok(live.run("batching", "normalised", *token))
+    assert shown.stdout == f"normalised: batching auto, max_batch_size 32\n  v1: not merged: {unsafe}\n"
+    turned_on = ok(live.run("batching", "normalised", "on", *token))
+    assert turned_on.stdout == (
+        f"normalised: batching on, max_batch_size 32\n  v1: merged: the model's batching is on (validation: {unsafe})\n"
+    )
+    no_batch = ok(live.run("batching", "normalised", "--max-batch-size", "0", *token))
+    assert no_batch.stdout == (
+        "normalised: batching on, max_batch_size 0 (does not batch)\n"
+        "  v1: not merged: the model's max_batch_size is 0: it does not batch\n"
+    )
+    as_json = json.loads(ok(live.run("batching", "normalised", "--json", *token)).stdout)
+    assert (as_json["model"]["batching"], as_json["model"]["max_batch_size"]) == ("on", 0)
+    assert as_json["versions"]["1"]["check"] == "unsafe"
+    assert (
+        "  batching not merged: the model's max_batch_size is 0: it does not batch\n"
+        in ok(live.run("show", "normalised", "1", *token)).stdout
+    )
+
+    bad = live.run("batching", "normalised", "maybe", *token)
+    assert bad.returncode == 2 and "invalid choice: 'maybe'" in bad.stderr
+    too_big = live.run("batching", "normalised", "--max-batch-size", "5000", *token)
+    assert (too_big.returncode, too_big.stderr) == (
+        1,
+        "modelyard batching: max_batch_size: Ensure this value is less than or equal to 4096.\n",
+    )

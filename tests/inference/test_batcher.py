@@ -75,6 +75,54 @@ def test_different_trailing_shapes_never_share_a_batch():
     assert sorted(sizes) == [(3, 3), (3, 5)]
 
 
+def test_requests_whose_inputs_disagree_on_rows_are_never_merged():
+    """Outputs are split back by the rows of the first input; a request whose inputs differ in rows runs alone."""
+    shapes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+
+    def run(feeds):
+        shapes.append((feeds["a"].shape, feeds["b"].shape))
+        return {"total": np.full((feeds["a"].shape[0], 1), feeds["a"].sum() + feeds["b"].sum(), np.float32)}
+
+    async def main():
+        batcher = Batcher(run, batching=True, max_batch_size=8, max_queue_delay_us=20_000, max_queue_size=100)
+        requests = [
+            {"a": np.full((1, 2), 1.0, np.float32), "b": np.full((3, 2), 10.0, np.float32)},
+            {"a": np.full((1, 2), 2.0, np.float32), "b": np.full((3, 2), 20.0, np.float32)},
+        ]
+        out = await asyncio.gather(*(batcher.submit(r) for r in requests))
+        batcher.close()
+        return out
+
+    first, second = asyncio.run(main())
+    assert first["total"].tolist() == [[62.0]] and second["total"].tolist() == [[124.0]]
+    assert shapes == [((1, 2), (3, 2)), ((1, 2), (3, 2))]
+
+
+def test_a_batcher_told_not_to_batch_runs_each_request_alone_and_may_be_told_again(session):
+    sizes: list[int] = []
+
+    async def main():
+        batcher = Batcher(
+            runner(session, sizes), batching=True, max_batch_size=8, max_queue_delay_us=20_000, max_queue_size=100
+        )
+        batcher.configure(max_batch_size=8, max_queue_delay_us=20_000, max_queue_size=100, batching=False)
+        inputs = [np.full((1 + i % 2, 4), i, dtype=np.float32) for i in range(4)]
+        alone = await asyncio.gather(*(batcher.submit({"x": x}) for x in inputs))
+        runs_alone = list(sizes)
+        batcher.configure(max_batch_size=8, max_queue_delay_us=20_000, max_queue_size=100, batching=True)
+        merged = await asyncio.gather(*(batcher.submit({"x": x}) for x in inputs))
+        batcher.close()
+        return inputs, alone, runs_alone, merged
+
+    inputs, alone, runs_alone, merged = asyncio.run(main())
+    for x, one, two in zip(inputs, alone, merged, strict=True):
+        expected = session.run(["y"], {"x": x})[0]
+        np.testing.assert_array_equal(one["y"], expected)
+        np.testing.assert_array_equal(two["y"], expected)
+    assert runs_alone == [1, 2, 1, 2]
+    assert sizes[4:] == [6]
+
+
 def test_full_queue_is_refused_at_once(session):
     gate = threading.Event()
 

@@ -79,6 +79,22 @@ def test_the_throughput_batch_follows_a_smaller_max_batch_size(
     assert set(VersionBenchmark.objects.get(version=version).numbers["throughput"]) == {"8", "16"}
 
 
+@pytest.mark.parametrize("settings_", [{"max_batch_size": 0}, {"batching": "off"}])
+def test_a_model_served_without_merging_is_measured_at_batch_1_only(
+    owner: Person, registered: str, tmp_path: Path, quick: Any, settings_: dict[str, Any]
+) -> None:
+    """Throughput at batch 8 means nothing for a model that never merges; max_batch_size 0 once asked for batch 0."""
+    assert owner.patch(f"/api/v1/models/{registered}", settings_).status_code == 200
+    version = ready_version(owner, registered)
+
+    runner(tmp_path).run_next()
+
+    row = VersionBenchmark.objects.get(version=version)
+    assert row.status == JobStatus.SUCCEEDED, row.error
+    assert row.numbers["throughput"] == {}
+    assert row.numbers["latency_runs"] >= 10
+
+
 def test_a_benchmark_is_claimed_once(owner: Person, registered: str) -> None:
     ready_version(owner, registered)
     claims: list[Any] = []

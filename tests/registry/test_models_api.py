@@ -150,10 +150,48 @@ def test_patch_serving_settings(owner, registered):
 
 
 def test_patch_bad_serving_settings_is_400(owner, registered):
-    response = owner.patch(f"/api/v1/models/{registered}", {"serving_strategy": "yolo", "max_batch_size": 0})
+    response = owner.patch(
+        f"/api/v1/models/{registered}", {"serving_strategy": "yolo", "max_batch_size": -1, "batching": "maybe"}
+    )
     assert response.status_code == 400
-    assert response.json()["detail"].keys() == {"serving_strategy", "max_batch_size"}
-    assert RegisteredModel.objects.get(name=registered).serving_strategy == "blue-green"
+    detail = response.json()["detail"]
+    assert detail.keys() == {"serving_strategy", "max_batch_size", "batching"}
+    assert detail["max_batch_size"] == ["Ensure this value is greater than or equal to 0."]
+    assert detail["batching"] == ['"maybe" is not a valid choice.']
+    model = RegisteredModel.objects.get(name=registered)
+    assert (model.serving_strategy, model.max_batch_size, model.batching) == ("blue-green", 32, "auto")
+
+
+def test_max_batch_size_0_says_the_model_does_not_batch(owner, registered):
+    """Triton's ``max_batch_size: 0``; it was refused with 400 (the minimum was 1)."""
+    response = owner.patch(f"/api/v1/models/{registered}", {"max_batch_size": 0})
+    assert response.status_code == 200, response.content
+    assert response.json()["max_batch_size"] == 0
+    assert RegisteredModel.objects.get(name=registered).max_batch_size == 0
+    event = AuditEvent.objects.get(action="model.update")
+    assert (event.before, event.after) == ({"max_batch_size": 32}, {"max_batch_size": 0})
+
+
+def test_patch_batching_on_off_and_auto(owner, registered):
+    assert owner.get(f"/api/v1/models/{registered}").json()["batching"] == "auto"
+    for setting in ("on", "off", "auto"):
+        response = owner.patch(f"/api/v1/models/{registered}", {"batching": setting})
+        assert response.status_code == 200, response.content
+        assert response.json()["batching"] == setting
+        assert RegisteredModel.objects.get(name=registered).batching == setting
+    events = AuditEvent.objects.filter(action="model.update").order_by("id")
+    assert [(e.before, e.after) for e in events] == [
+        ({"batching": "auto"}, {"batching": "on"}),
+        ({"batching": "on"}, {"batching": "off"}),
+        ({"batching": "off"}, {"batching": "auto"}),
+    ]
+
+
+def test_patch_batching_needs_the_maintainer_role(outsider, registered):
+    response = outsider.patch(f"/api/v1/models/{registered}", {"batching": "off", "max_batch_size": 0})
+    assert response.status_code == 403
+    model = RegisteredModel.objects.get(name=registered)
+    assert (model.batching, model.max_batch_size) == ("auto", 32)
 
 
 def test_home_page_links_the_docs(client, owner, registered):

@@ -101,6 +101,8 @@ def test_a_worker_report_is_written_as_json_and_read_back_as_the_same_rows():
         "note": "",
         "attempts": 2,
         "instances": 0,
+        "batching": None,
+        "batching_reason": "",
         "traffic": [],
     }
     [worker] = serving.fleet_list()

@@ -132,3 +132,48 @@ def identity_model(name: str, elem: int, rows: int | str = "N", width: int | Non
     x = helper.make_tensor_value_info("x", elem, shape)
     out = helper.make_tensor_value_info("out", elem, shape)
     return _model(helper.make_graph([helper.make_node("Identity", ["x"], ["out"])], name, [x], [out]))
+
+
+def normalised_model() -> onnx.ModelProto:
+    """``y`` = softmax of ``x`` FP32 [N, 4] over its first dimension: N is not a batch, so requests must not merge."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])
+    return _model(helper.make_graph([helper.make_node("Softmax", ["x"], ["y"], axis=0)], "normalised", [x], [y]))
+
+
+# Triton's qa "nobatch" add/sub models of L0_infer_variable: the datatypes of INPUT0/INPUT1, OUTPUT0 and
+# OUTPUT1 (f: FP32, i: INT32, l: INT64), and the shape each case sends (every dimension dynamic).
+NOBATCH_CASES: dict[str, tuple[str, str, str, tuple[int, ...]]] = {
+    "fff": ("FP32", "FP32", "FP32", (16,)),
+    "fii": ("FP32", "INT32", "INT32", (2, 8)),
+    "fll": ("FP32", "INT64", "INT64", (8, 4)),
+    "fil": ("FP32", "INT32", "INT64", (2, 8, 2)),
+    "ffi": ("FP32", "FP32", "INT32", (16,)),
+    "iii": ("INT32", "INT32", "INT32", (2, 8)),
+    "iif": ("INT32", "INT32", "FP32", (2, 8, 2)),
+}
+_TRITON_NAMES = {"FP32": "float32", "INT32": "int32", "INT64": "int64"}
+
+
+def nobatch_name(case: str) -> str:
+    """Triton's name for the case's model, e.g. ``onnx_nobatch_float32_int32_int64``."""
+    inputs, out0, out1, _ = NOBATCH_CASES[case]
+    return "onnx_nobatch_" + "_".join(_TRITON_NAMES[t] for t in (inputs, out0, out1))
+
+
+def add_sub_model(case: str) -> onnx.ModelProto:
+    """OUTPUT0 = INPUT0 + INPUT1 and OUTPUT1 = INPUT0 - INPUT1, cast to their datatypes; every dimension dynamic."""
+    inputs, out0, out1, shape = NOBATCH_CASES[case]
+    dims = [f"d{axis}" for axis in range(len(shape))]
+    ins = [helper.make_tensor_value_info(name, DATATYPES[inputs], dims) for name in ("INPUT0", "INPUT1")]
+    outs = [
+        helper.make_tensor_value_info("OUTPUT0", DATATYPES[out0], dims),
+        helper.make_tensor_value_info("OUTPUT1", DATATYPES[out1], dims),
+    ]
+    nodes = [
+        helper.make_node("Add", ["INPUT0", "INPUT1"], ["sum"]),
+        helper.make_node("Sub", ["INPUT0", "INPUT1"], ["difference"]),
+        helper.make_node("Cast", ["sum"], ["OUTPUT0"], to=DATATYPES[out0]),
+        helper.make_node("Cast", ["difference"], ["OUTPUT1"], to=DATATYPES[out1]),
+    ]
+    return _model(helper.make_graph(nodes, nobatch_name(case), ins, outs))

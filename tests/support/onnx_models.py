@@ -244,3 +244,34 @@ def masked_model(*, width: int = 8, seed: int = 3) -> onnx.ModelProto:
         helper.make_node("MatMul", ["xm", "W"], ["y"]),
     ]
     return _model(helper.make_graph(nodes, "masked", [x, mask], [y], [weights]))
+
+
+# --- The batching check: models whose first dimension is dynamic but not a batch ------------------------------
+
+
+def first_dim_model(kind: str, *, width: int = 4) -> onnx.ModelProto:
+    """x FP32 [N, width] -> y, where N is dynamic; ``kind`` says what y does with N.
+
+    ``softmax0``: a softmax over N (not a batch); ``softmax1``: over each row (a batch); ``doubled``: x twice,
+    stacked (2N rows); ``one-row``: x reshaped to [1, width], which only a single row fits.
+    """
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", width])
+    inits = []
+    if kind in ("softmax0", "softmax1"):
+        nodes = [helper.make_node("Softmax", ["x"], ["y"], axis=0 if kind == "softmax0" else 1)]
+    elif kind == "doubled":
+        nodes = [helper.make_node("Concat", ["x", "x"], ["y"], axis=0)]
+    elif kind == "one-row":
+        # The target shape is put together at run time, so shape inference leaves y's first dimension dynamic.
+        inits = [
+            numpy_helper.from_array(np.array([1], dtype=np.int64), "one"),
+            numpy_helper.from_array(np.array([width], dtype=np.int64), "width"),
+        ]
+        nodes = [
+            helper.make_node("Concat", ["one", "width"], ["one_row"], axis=0),
+            helper.make_node("Reshape", ["x", "one_row"], ["y"]),
+        ]
+    else:
+        raise ValueError(kind)
+    return _model(helper.make_graph(nodes, kind, [x], [y], inits))

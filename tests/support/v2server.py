@@ -74,6 +74,14 @@ MODELS = [
         [onnx_compat.add_model(4.0)],
         settings={"max_queue_delay_us": 1_000_000, "max_queue_size": 1, "max_batch_size": 8},
     ),
+    # A softmax over the first dimension, which is therefore no batch: validation finds that merging would change
+    # its answers. The queue delay would make merging certain, as for "batchy".
+    ServedModel("normalised", [onnx_compat.normalised_model()], settings={"max_queue_delay_us": 50_000}),
+    # Triton's L0_infer_variable nobatch models: add/sub with every dimension dynamic and max_batch_size 0.
+    *(
+        ServedModel(onnx_compat.nobatch_name(case), [onnx_compat.add_sub_model(case)], settings={"max_batch_size": 0})
+        for case in onnx_compat.NOBATCH_CASES
+    ),
 ]
 
 
