@@ -386,15 +386,16 @@ def register_served(
     from django.core.management import call_command
 
     from registry import promotions, services
-    from registry.audit import Actor
+    from registry.access import services as access
+    from registry.audit.chain import Actor
     from registry.models import PRODUCTION, RegisteredModel, Role, VersionStatus
     from registry.uploads import LocalUpload, version_upload
 
     call_command("migrate", interactive=False, verbosity=0)
     if RegisteredModel.objects.filter(name=name).exists():
         return None
-    owner_token, _ = services.token_create(username="bench-owner", create_user=True, roles=[Role.ADMIN])
-    approver_token, _ = services.token_create(username="bench-approver", create_user=True, roles=[Role.APPROVER])
+    owner_token, _ = access.token_create(username="bench-owner", create_user=True, roles=[Role.ADMIN])
+    approver_token, _ = access.token_create(username="bench-approver", create_user=True, roles=[Role.APPROVER])
     owner, approver = Actor(user=owner_token.user), Actor(user=approver_token.user)
     model = services.model_create(name=name, description=description, actor=owner)
     if model_settings:

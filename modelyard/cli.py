@@ -116,7 +116,7 @@ def _serve(args: argparse.Namespace) -> int:
         workers=args.workers,
         log_level=args.log_level,
         # Which forwarded headers to believe is decided per request from MODELYARD_TRUSTED_PROXIES
-        # (registry.clients.client_address). uvicorn's own handling would believe any X-Forwarded-For
+        # (registry.access.clients.client_address). uvicorn's own handling would believe any X-Forwarded-For
         # sent from 127.0.0.1 and hide the real peer, which that decision needs.
         proxy_headers=False,
         # uvicorn formats each access line's fields before its logger drops them: below INFO, skip that.
@@ -157,7 +157,7 @@ def createtoken(args: argparse.Namespace) -> int:
         _migrate()
     from datetime import timedelta
 
-    from registry import services
+    from registry.access import services
     from registry.errors import RegistryError
 
     try:
@@ -186,8 +186,8 @@ def revoketoken(args: argparse.Namespace) -> int:
 
     if settings.EMBEDDED_DATABASE:
         _migrate()
-    from registry import services
-    from registry.audit import SYSTEM
+    from registry.access import services
+    from registry.audit.chain import SYSTEM
     from registry.models import ApiToken
 
     token = ApiToken.objects.select_related("user").filter(prefix=args.prefix).first()
@@ -243,8 +243,9 @@ def demo(args: argparse.Namespace) -> int:
     from onnx import TensorProto, helper, numpy_helper
 
     from registry import promotions, services, serving
-    from registry.audit import Actor
-    from registry.auth import authenticate_token
+    from registry.access import services as access
+    from registry.access.auth import authenticate_token
+    from registry.audit.chain import Actor
     from registry.errors import Conflict
     from registry.models import (
         PRODUCTION,
@@ -280,14 +281,14 @@ def demo(args: argparse.Namespace) -> int:
     raw = token_file.read_text().strip() if token_file.exists() else ""
     token = authenticate_token(raw) if raw else None
     if token is None:
-        token, raw = services.token_create(username="demo", create_user=True, roles=[Role.ADMIN], name="modelyard demo")
+        token, raw = access.token_create(username="demo", create_user=True, roles=[Role.ADMIN], name="modelyard demo")
         token_file.write_text(raw + "\n")
         token_file.chmod(0o600)
     owner = Actor(user=token.user, token_id=token.pk, label="demo")
     approver_user = get_user_model().objects.filter(username="demo-approver").first()
     if approver_user is None:  # production is protected: a second person approves the promotion
-        unused, _ = services.token_create(username="demo-approver", create_user=True, roles=[Role.APPROVER])
-        services.token_revoke(token=unused, actor=owner)
+        unused, _ = access.token_create(username="demo-approver", create_user=True, roles=[Role.APPROVER])
+        access.token_revoke(token=unused, actor=owner)
         approver_user = unused.user
     approver = Actor(user=approver_user, label="demo-approver")
 

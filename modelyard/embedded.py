@@ -3,7 +3,7 @@
 ``modelyard serve`` starts this thread when MODELYARD_BROKER_URL is unset, so a laptop install
 still sweeps stuck validations and collects orphaned artifacts on the beat schedule. No job runs
 a validation on this thread: the sweep hands what it finds to the in-process validation thread
-(``registry/inprocess.py``), so one slow or hostile model cannot stop the schedule.
+(``registry/queueing.py``), so one slow or hostile model cannot stop the schedule.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "registry.ui_errors.UiErrorPages",
+    "registry.ui.errors.UiErrorPages",
 ]
 
 # The web UI runs no inline script or style: everything it loads comes from this origin, so an injected
@@ -93,7 +93,7 @@ CONTENT_SECURITY_POLICY = {
     },
 }
 # A refused CSRF check gets the UI's own 403 page (JSON outside the UI).
-CSRF_FAILURE_VIEW = "registry.ui_errors.csrf_failure"
+CSRF_FAILURE_VIEW = "registry.ui.errors.csrf_failure"
 
 ROOT_URLCONF = "modelyard.urls"
 WSGI_APPLICATION = "modelyard.wsgi.application"
@@ -109,7 +109,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
-                "registry.ui_context.ui",
+                "registry.ui.context.ui",
             ],
         },
     },
@@ -266,7 +266,7 @@ AUDIT_VERIFY_MAX_EVENTS = env_int("MODELYARD_AUDIT_VERIFY_MAX_EVENTS", 100_000, 
 
 # --- Webhooks --------------------------------------------------------------------------------
 # Deliveries to loopback and private addresses (10/8, 172.16/12, 192.168/16, fc00::/7, ...) only when
-# set; link-local and cloud metadata addresses never (registry/outbound.py).
+# set; link-local and cloud metadata addresses never (registry/webhooks/outbound.py).
 WEBHOOK_ALLOW_PRIVATE = env_bool("MODELYARD_WEBHOOK_ALLOW_PRIVATE", False)
 # One attempt's limit, from connecting to the end of the answer's first KiB.
 WEBHOOK_TIMEOUT_SECONDS = env_float("MODELYARD_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1)
@@ -288,17 +288,18 @@ READY_TIMEOUT_SECONDS = env_float("MODELYARD_READY_TIMEOUT_SECONDS", 2.0, minimu
 
 # --- API -------------------------------------------------------------------------------------
 # Requests per token (or per signed-in browser session), and per client address for requests
-# without valid credentials; "off" disables a limit. Read on every request (registry.throttling).
+# without valid credentials; "off" disables a limit. Read on every request (registry.access.throttling).
 API_RATE_USER = env_rate("MODELYARD_API_RATE_USER", "1200/min")
 API_RATE_ANON = env_rate("MODELYARD_API_RATE_ANON", "120/min")
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "registry.auth.BearerTokenAuthentication",
+        "registry.access.auth.BearerTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
-        "registry.auth.AddressCount",  # last: counts requests without credentials per address (registry.throttling)
+        # Last: counts requests without credentials per address (registry.access.throttling).
+        "registry.access.auth.AddressCount",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["registry.permissions.ReadAuthenticatedWriteMaintainer"],
-    "DEFAULT_THROTTLE_CLASSES": ["registry.throttling.TokenRateThrottle"],
+    "DEFAULT_PERMISSION_CLASSES": ["registry.access.permissions.ReadAuthenticatedWriteMaintainer"],
+    "DEFAULT_THROTTLE_CLASSES": ["registry.access.throttling.TokenRateThrottle"],
     "DEFAULT_PARSER_CLASSES": [
         "registry.api.parsers.JSONParser",
         "rest_framework.parsers.FormParser",

@@ -3,17 +3,17 @@ from django.contrib.auth.views import LoginView, LogoutView
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from registry.lockout import LockoutAdminAuthenticationForm, LockoutAuthenticationForm
-from registry.ui_account_views import PasswordChange, PasswordSet
-from registry.views import home
+from registry.access.lockout import LockoutAdminAuthenticationForm, LockoutAuthenticationForm
+from registry.ui.account_views import PasswordChange, PasswordSet
+from registry.ui.views import home
 
-# Both password logins refuse locked-out usernames and addresses (registry.lockout).
+# Both password logins refuse locked-out usernames and addresses (registry.access.lockout).
 admin.site.login_form = LockoutAdminAuthenticationForm
 
-# HTML pages under /ui/ and /accounts/, JSON everywhere else (registry.ui_errors).
-handler403 = "registry.ui_errors.permission_denied"
-handler404 = "registry.ui_errors.not_found"
-handler500 = "registry.ui_errors.server_error"
+# HTML pages under /ui/ and /accounts/, JSON everywhere else (registry.ui.errors).
+handler403 = "registry.ui.errors.permission_denied"
+handler404 = "registry.ui.errors.not_found"
+handler500 = "registry.ui.errors.server_error"
 
 # Only the account pages the UI uses. Django's emailed password reset is left out: Modelyard sends no mail,
 # and an admin hands over a set-password link instead (/ui/users).
@@ -26,7 +26,7 @@ accounts = [
 
 urlpatterns = [
     path("", home, name="home"),
-    path("ui/", include("registry.ui_urls")),
+    path("ui/", include("registry.ui.urls")),
     path("accounts/", include(accounts)),
     path("api/v1/", include("registry.api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

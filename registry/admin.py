@@ -26,8 +26,8 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 
-from registry import services
-from registry.audit import actor_from_request
+from registry.access import services
+from registry.access.clients import actor_from_request
 
 User = get_user_model()
 

@@ -1,7 +1,7 @@
 """What the registry refuses, as plain exceptions that know nothing of HTTP.
 
 Services, selectors and the upload service raise these; each transport maps them to its own
-answer in one place (the REST API and the UI through ``registry.api.errors.STATUS``, the command
+answer in one place (the REST API and the UI through ``registry.http.STATUS``, the command
 line through an exit code). The message is written for the person who made the request and is safe
 to show them; ``detail`` is optional structured data (a limit, the offending field).
 """

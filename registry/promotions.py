@@ -17,9 +17,9 @@ from django.db.models import Q
 from django.utils import timezone
 
 from onnxkit.signatures import signature_diff
-from registry import notify, webhooks
-from registry.audit import SYSTEM, Actor, audit_record
-from registry.auth import has_role
+from registry import notify
+from registry.access.auth import has_role
+from registry.audit.chain import SYSTEM, Actor, audit_record
 from registry.comparison import compare, policy_violations
 from registry.errors import Conflict, ForceNeedsReason, ForceRequired, InvalidInput, NotFound, PermissionDenied
 from registry.models import (
@@ -37,6 +37,7 @@ from registry.models import (
     VersionStatus,
     WebhookEvent,
 )
+from registry.webhooks import services as webhooks
 
 
 @dataclass(frozen=True)

@@ -1,30 +1,23 @@
-"""Reads for the API and the UI."""
+"""Reads for the API and the UI (of users and tokens: ``registry/access/selectors.py``)."""
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
-from django.contrib.auth.models import Group
 from django.db.models import Max, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.utils import timezone
 
 from registry import serving
-from registry.auth import has_role
 from registry.models import (
     PRODUCTION,
     Alias,
     AliasMove,
-    ApiToken,
-    AuditEvent,
     DeriveJob,
     ModelFile,
     ModelVersion,
     PromotionRequest,
     RegisteredModel,
-    Role,
     VersionBenchmark,
     VersionStatus,
 )
@@ -116,16 +109,6 @@ def model_list_with_versions(*, query: str = "", tag: str = "") -> QuerySet[Regi
     )
 
 
-def token_list(*, viewer: Any, username: str = "") -> QuerySet[ApiToken]:
-    """The tokens ``viewer`` may see, newest first: every token for an admin, otherwise their own."""
-    tokens = ApiToken.objects.select_related("user")
-    if not has_role(viewer, Role.ADMIN):
-        tokens = tokens.filter(user=viewer)
-    if username:
-        tokens = tokens.filter(user__username=username)
-    return tokens.order_by("-created_at", "-id")
-
-
 def version_get(*, model: RegisteredModel, number: int) -> ModelVersion | None:
     """One version with its files and uploader, or None."""
     return version_list(model=model).filter(version=number).first()
@@ -143,21 +126,6 @@ def version_fleet_state(*, model: str, version: int) -> list[tuple[serving.Fleet
         row = next((r for r in worker.loaded if r.model == model and r.version == version), None)
         rows.append((worker, row))
     return rows
-
-
-PRIVILEGED_GRANTS_SHOWN = 50
-
-
-def privileged_grant_list(*, since: datetime) -> QuerySet[AuditEvent]:
-    """Grants of the approver or admin role (one admin's decision each) since ``since``, newest first."""
-    events = AuditEvent.objects.filter(at__gte=since, target_type="user", after__has_key="privileged")
-    return events.order_by("-seq")
-
-
-def user_list() -> QuerySet[Any]:
-    """Every user with their groups (the roles), by name."""
-    roles = Prefetch("groups", queryset=Group.objects.filter(name__in=Role.values).order_by("name"), to_attr="roles")
-    return get_user_model().objects.prefetch_related(roles).order_by("username")
 
 
 def derive_job_list(*, source: ModelVersion | None = None) -> QuerySet[DeriveJob]:

@@ -12,7 +12,7 @@ crosses the seam are typed, frozen rows, never ORM objects or dicts read back by
 - the token check of ``/v2`` (:func:`token_inference_access`, :func:`token_may_infer`);
 - benchmarks: the providers the fleet serves with (:func:`fleet_providers`), and the jobs an
   inference process takes for its provider, measures in a bounded child and writes back
-  (``benchmark_claim``, ``benchmark_measure``, ``benchmark_record`` from ``registry/benchmarks.py``);
+  (``benchmark_claim``, ``benchmark_measure``, ``benchmark_record`` from ``registry/benchmarks/services.py``);
 - and the registry's own names the runtime reads the state with: the ``production`` alias, the
   serving strategies, and the alias-change listener.
 
@@ -36,9 +36,10 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
-from registry import clients, notify
-from registry.auth import authenticate_token, bearer_token, has_role, split_token
-from registry.benchmarks import SHARED_NOTE, BenchmarkJob, benchmark_claim, benchmark_measure, benchmark_record
+from registry import notify
+from registry.access import clients
+from registry.access.auth import authenticate_token, bearer_token, has_role, split_token
+from registry.benchmarks.services import SHARED_NOTE, BenchmarkJob, benchmark_claim, benchmark_measure, benchmark_record
 from registry.models import PRODUCTION, Alias, FileRole, InferenceWorker, Role, ServingStrategy, VersionStatus
 
 __all__ = [

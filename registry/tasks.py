@@ -1,51 +1,52 @@
 """Celery tasks: each loads a row by id, calls a service, and is safe to deliver twice.
 
-Validation is queued from here too (:func:`validation_enqueue`, :func:`validation_requeue`), beside
-the task it queues: the upload service calls them, and this module imports the services, never the
-other way round.
+This is the registry's top floor: the tasks import the wings' services, and nothing imports the
+tasks. What queues one names it (``registry/queueing.py``: validations and derivations;
+``registry.webhooks.services.DELIVER_TASK``), and the beat schedule names the periodic ones, so a
+task keeps its name when its code moves (``derive_version`` keeps ``registry.derive_tasks.derive_version``).
 """
 
 from __future__ import annotations
 
-import logging
 from datetime import timedelta
 from typing import Any
 
 from celery import shared_task
 from django.conf import settings
 
-from registry import (
-    artifacts,
-    audit,
-    audit_verify,
-    benchmarks,
-    inprocess,
-    promotions,
-    selectors,
-    services,
-    validation_job,
-    webhooks,
-)
+from registry import artifacts, promotions, queueing, selectors
+from registry.access import refusals
+from registry.audit import verify as audit_verify
+from registry.benchmarks import services as benchmarks
+from registry.derive import job as derive_job
+from registry.derive import services as derive
 from registry.models import ModelVersion
+from registry.validation import job as validation_job
+from registry.validation import services as validation
+from registry.webhooks import services as webhooks
 from storage import StorageUnavailable
-
-logger = logging.getLogger(__name__)
 
 MAX_VALIDATION_ATTEMPTS = 5
 
 
-@shared_task(acks_late=True, reject_on_worker_lost=True, bind=True, max_retries=MAX_VALIDATION_ATTEMPTS)
+@shared_task(
+    name=queueing.VALIDATE_TASK,
+    acks_late=True,
+    reject_on_worker_lost=True,
+    bind=True,
+    max_retries=MAX_VALIDATION_ATTEMPTS,
+)
 def validate_version(self: Any, version_id: int) -> str:
-    if not services.version_claim_for_validation(version_id=version_id, max_attempts=MAX_VALIDATION_ATTEMPTS):
+    if not validation.version_claim_for_validation(version_id=version_id, max_attempts=MAX_VALIDATION_ATTEMPTS):
         return "skipped"
     version = ModelVersion.objects.select_related("model").get(pk=version_id)
     try:
         result = validation_job.validate_stored_version(version)
     except StorageUnavailable as exc:
-        if services.version_release_claim(version_id=version_id, error=str(exc), give_up=MAX_VALIDATION_ATTEMPTS):
+        if validation.version_release_claim(version_id=version_id, error=str(exc), give_up=MAX_VALIDATION_ATTEMPTS):
             raise self.retry(exc=exc, countdown=min(300, 5 * 2**self.request.retries)) from exc
         return "gave up"
-    services.version_record_validation(version_id=version_id, result=result)
+    validation.version_record_validation(version_id=version_id, result=result)
     return "done"
 
 
@@ -54,7 +55,7 @@ def sweep_stuck_versions(pending_older_than_seconds: int = 300) -> list[int]:
     """Re-queue validations whose task or worker was lost."""
     ids = selectors.version_stuck_ids(pending_older_than=timedelta(seconds=pending_older_than_seconds))
     for version_id in ids:
-        validation_requeue(version_id)
+        queueing.validation_requeue(version_id)
     return ids
 
 
@@ -67,7 +68,7 @@ def fail_lost_jobs() -> dict[str, list[int]]:
     """Fail derive jobs and benchmarks whose worker died mid-run (each child is bounded, so they never end)."""
     grace = timedelta(seconds=LOST_JOB_GRACE_SECONDS)
     return {
-        "derive": services.derive_jobs_fail_lost(older_than=timedelta(seconds=settings.DERIVE_TIMEOUT_SECONDS) + grace),
+        "derive": derive.derive_jobs_fail_lost(older_than=timedelta(seconds=settings.DERIVE_TIMEOUT_SECONDS) + grace),
         "benchmarks": benchmarks.benchmarks_fail_lost(
             older_than=timedelta(seconds=settings.BENCHMARK_TIMEOUT_SECONDS) + grace
         ),
@@ -90,9 +91,9 @@ def collect_orphaned_artifacts(grace_seconds: int | None = None) -> list[str]:
 @shared_task
 def summarise_auth_failures() -> int:
     """Append the finished per-minute counts of failed authentications to the audit chain."""
-    handled = total = audit.audit_auth_failures_summarise()
-    while handled == audit.AUTH_FAILURE_BATCH:  # a full batch: more may be waiting
-        handled = audit.audit_auth_failures_summarise()
+    handled = total = refusals.audit_auth_failures_summarise()
+    while handled == refusals.AUTH_FAILURE_BATCH:  # a full batch: more may be waiting
+        handled = refusals.audit_auth_failures_summarise()
         total += handled
     return total
 
@@ -117,37 +118,7 @@ def verify_audit_chain() -> bool:
     return audit_verify.audit_chain_check_run(max_events=settings.AUDIT_VERIFY_MAX_EVENTS).ok
 
 
-# --- Queueing ------------------------------------------------------------------------------------
-
-
-def validation_enqueue(version_id: int) -> None:
-    """Queue a new version's validation; called once its row is committed.
-
-    Nothing may escape: the upload has succeeded by now, and an error here (a broker that is
-    down, or, without a broker, the in-process run itself) would turn it into a 500. The version
-    stays ``pending`` (or ``validating`` with a heartbeat that goes stale) and the sweep queues it again.
-    """
-    try:
-        validate_version.delay(version_id)
-    except Exception:
-        logger.exception("could not queue or run the validation of version %s; the sweep queues it again", version_id)
-
-
-def validation_requeue(version_id: int) -> None:
-    """Queue a validation that the sweep found lost.
-
-    Without a broker Celery runs a task on the thread that sends it, here the embedded scheduler's,
-    which would stop every other periodic job until the validation ended; the in-process validation
-    thread runs it instead.
-    """
-    if validate_version.app.conf.task_always_eager:
-        _validation_thread.submit(version_id)
-    else:
-        validation_enqueue(version_id)
-
-
-def _validate_in_process(version_id: int) -> None:
-    validate_version.apply(args=(version_id,))
-
-
-_validation_thread = inprocess.JobThread(name="modelyard-validation", run=_validate_in_process)
+@shared_task(name=queueing.DERIVE_TASK, acks_late=True, reject_on_worker_lost=True, bind=True)
+def derive_version(self: Any, job_id: int) -> str:
+    """Build the derived version of one derive job (claimed once, however often delivered)."""
+    return derive_job.run_derive_job(job_id)

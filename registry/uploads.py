@@ -13,7 +13,7 @@ the tests, and the coming UI upload form), so every check applies on every path:
 
 An upload is an :class:`UploadSource`: its files, each a readable stream, in order, then its text
 fields, asked for only once every file is stored (a multipart form may send them last). The API
-adapts a streamed multipart body to it (``registry/api/multipart.py``); :class:`LocalUpload` is
+adapts a streamed multipart body to it (``registry/http.py``); :class:`LocalUpload` is
 bytes or paths of this process. No file is held whole in memory: each stream is copied to storage
 as it is read.
 
@@ -38,8 +38,8 @@ from django.db import transaction
 
 from onnxkit.sniff import NotOnnx, OnnxSniffer
 from onnxkit.validation import runtime_limit_errors
-from registry import artifacts, metrics, services, tasks
-from registry.audit import Actor
+from registry import artifacts, metrics, queueing, services
+from registry.audit.chain import Actor
 from registry.errors import (
     FormTooLarge,
     InvalidInput,
@@ -108,7 +108,7 @@ def version_upload(
 ) -> ModelVersion:
     """Store, check and record one upload as a new ``pending`` version of ``model``; queue its validation.
 
-    ``derivation`` marks a version built from another (``registry/derive_job.py``): it records the
+    ``derivation`` marks a version built from another (``registry/derive/job.py``): it records the
     parent, the recipe and the accuracy delta, and finishes the derive job in the same transaction.
 
     Raises a :class:`~registry.errors.RegistryError` naming what was refused, and then leaves
@@ -134,7 +134,7 @@ def version_upload(
         if close is not None:
             close()  # a generator source (LocalUpload's paths) closes what it opened
     # version_create owns its transaction, so this runs at once, or when a test's block commits.
-    transaction.on_commit(partial(tasks.validation_enqueue, version.pk))
+    transaction.on_commit(partial(queueing.validation_enqueue, version.pk))
     return version
 
 

@@ -106,7 +106,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_there_is_no_import_cycle_among_the_project_modules():
     graph = import_graph(project_modules())
-    assert graph["registry.tasks"] >= {"registry.services"}  # the graph sees the project's own imports
+    assert graph["registry.tasks"] >= {"registry.validation.services"}  # the graph sees the project's own imports
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
 
@@ -171,7 +171,7 @@ def test_no_test_module_imports_from_a_conftest():
 
 def test_domain_errors_know_nothing_of_http():
     from registry import errors
-    from registry.api.errors import STATUS, status_for
+    from registry.http import STATUS, status_for
 
     source = (ROOT / "registry" / "errors.py").read_text()
     imported = {
@@ -275,3 +275,31 @@ def test_the_clients_datatype_table_is_onnxkits():
     assert list(CLIENT) == list(SERVER)
     for datatype, dtype in SERVER.items():
         assert CLIENT[datatype] is dtype, datatype
+
+
+# --- The registry by wing ------------------------------------------------------------------------------
+
+WINGS = ("access", "api", "audit", "benchmarks", "derive", "ui", "validation", "webhooks")
+
+
+def test_the_registry_keeps_at_most_20_modules_at_its_top():
+    top = sorted(path.name for path in (ROOT / "registry").glob("*.py") if path.name != "__init__.py")
+    assert len(top) <= 20, top
+    # Its parts are wings (sub-packages), not file name prefixes.
+    assert not [name for name in top if name.startswith(("ui_", "derive", "validation", "benchmark", "audit_"))]
+
+
+@pytest.mark.parametrize("wing", WINGS)
+def test_each_wing_of_the_registry_says_what_it_is(wing):
+    init = ROOT / "registry" / wing / "__init__.py"
+    docstring = ast.get_docstring(ast.parse(init.read_text()))
+    assert docstring, f"registry/{wing}/__init__.py has no docstring"
+    # A wing's face defines and imports nothing: its modules are imported by their own names.
+    assert [type(node).__name__ for node in ast.parse(init.read_text()).body] in (["Expr"], [])
+
+
+def test_nothing_in_the_registry_imports_its_tasks():
+    # What queues a job names its Celery task (registry/queueing.py), so the tasks stay the top floor.
+    graph = import_graph(project_modules())
+    importers = sorted(module for module, targets in graph.items() if "registry.tasks" in targets)
+    assert [module for module in importers if module.startswith(("registry", "onnxkit", "inference", "storage"))] == []

@@ -63,7 +63,7 @@ def test_other_paths_go_to_django():
 
 @pytest.mark.django_db(transaction=True)
 def test_metrics_need_an_inference_or_admin_token_unless_public():
-    from registry import services
+    from registry.access import services
     from registry.models import Role
 
     tokens = {

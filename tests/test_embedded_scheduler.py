@@ -13,8 +13,8 @@ import pytest
 from django.utils import timezone
 
 from modelyard.embedded import EmbeddedScheduler
-from registry import services, tasks
-from registry.audit import SYSTEM
+from registry import queueing, services
+from registry.audit.chain import SYSTEM
 from registry.models import ModelVersion, RegisteredModel, VersionStatus
 from registry.uploads import LocalUpload, version_upload
 from storage import get_storage
@@ -48,7 +48,7 @@ def _validation_children() -> list[int]:
 
 @pytest.mark.django_db(transaction=True)
 def test_embedded_scheduler_sweeps_a_lost_validation(settings, monkeypatch):
-    monkeypatch.setattr(tasks, "validation_enqueue", lambda version_id: None)
+    monkeypatch.setattr(queueing, "validation_enqueue", lambda version_id: None)
     version = _stored_version("m", add_model_bytes())
     monkeypatch.undo()
 
@@ -71,7 +71,7 @@ def test_embedded_scheduler_sweeps_a_lost_validation(settings, monkeypatch):
 
 @pytest.mark.django_db(transaction=True)
 def test_periodic_jobs_keep_their_schedule_while_a_swept_validation_runs(settings, monkeypatch):
-    monkeypatch.setattr(tasks, "validation_enqueue", lambda version_id: None)
+    monkeypatch.setattr(queueing, "validation_enqueue", lambda version_id: None)
     version = _stored_version("loop", endless_loop_model().SerializeToString())
     monkeypatch.undo()
     settings.VALIDATION_TIMEOUT_SECONDS = 120  # longer than this test: the validation is still running at the end

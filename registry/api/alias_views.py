@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 
 from modelyard.error_body import error_body
 from registry import promotions, selectors, serving
-from registry.audit import actor_from_request
+from registry.access.clients import actor_from_request
 from registry.comparison import compare
 from registry.errors import InvalidInput
 from registry.models import Alias, AliasMove, PromotionKind, PromotionRequest, PromotionState, RegisteredModel

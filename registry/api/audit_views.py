@@ -21,10 +21,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from registry.access.auth import has_role
 from registry.api.responses import StreamingExportResponse
-from registry.audit import audit_event_list
-from registry.audit_verify import audit_verify
-from registry.auth import has_role
+from registry.audit.chain import audit_event_list
+from registry.audit.verify import audit_verify
 from registry.errors import InvalidInput
 from registry.models import AuditEvent, Role
 

@@ -1,4 +1,4 @@
-"""Derived versions and benchmarks: thin views over registry.derivations and registry.benchmarks."""
+"""Derived versions and benchmarks: thin views over registry.derive.services and registry.benchmarks.services."""
 
 from __future__ import annotations
 
@@ -11,9 +11,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from registry import benchmarks, derivations, selectors, serving
+from registry import selectors, serving
+from registry.access.clients import actor_from_request
 from registry.api.views import _get_version
-from registry.audit import actor_from_request
+from registry.benchmarks import services as benchmarks
+from registry.derive import services as derivations
 from registry.models import DeriveJob, VersionBenchmark
 
 

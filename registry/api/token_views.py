@@ -15,9 +15,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from registry import selectors, services
-from registry.audit import actor_from_request
-from registry.auth import user_roles
+from registry.access import selectors, services
+from registry.access.auth import user_roles
+from registry.access.clients import actor_from_request
 from registry.errors import NotFound, PermissionDenied
 from registry.models import ApiToken
 

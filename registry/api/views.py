@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry import selectors, services
-from registry.api.multipart import MultipartUpload
+from registry.access.clients import actor_from_request
 from registry.api.responses import StreamingFileResponse
 from registry.api.serializers import (
     ModelCreateInput,
@@ -25,8 +25,8 @@ from registry.api.serializers import (
     VersionSerializer,
     VersionUpdateInput,
 )
-from registry.audit import actor_from_request
 from registry.errors import InvalidInput, NotFound, PayloadTooLarge
+from registry.http import MultipartUpload
 from registry.models import ModelVersion, RegisteredModel
 from registry.uploads import version_upload
 from storage import get_storage

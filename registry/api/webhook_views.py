@@ -16,11 +16,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from registry import webhooks
-from registry.audit import actor_from_request
-from registry.auth import has_role
+from registry.access.auth import has_role
+from registry.access.clients import actor_from_request
 from registry.errors import InvalidInput, NotFound
 from registry.models import DeliveryStatus, RegisteredModel, Role, Webhook, WebhookDelivery, WebhookEvent
+from registry.webhooks import services as webhooks
 
 
 class IsAdmin(BasePermission):

@@ -8,8 +8,8 @@ from tests.support.embedded import EmbeddedServer, embedded_env, modelyard
 
 LINK = """
 from django.contrib.auth import get_user_model
-from registry import services
-from registry.audit import Actor
+from registry.access import services
+from registry.audit.chain import Actor
 ada = get_user_model().objects.get(username="ada")
 print(*services.user_password_link(username="tia", actor=Actor(user=ada)))
 """

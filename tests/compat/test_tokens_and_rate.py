@@ -7,8 +7,8 @@ import time
 import uuid
 from typing import Any
 
-from registry import services
-from registry.audit import SYSTEM
+from registry.access import services
+from registry.audit.chain import SYSTEM
 from registry.models import ApiToken, Role
 from tests.support.v2server import V2Server
 

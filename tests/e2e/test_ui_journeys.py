@@ -24,7 +24,8 @@ from playwright.sync_api import expect
 
 from modelyard.env import StorageConfig
 from registry import promotions, services, serving, tasks
-from registry.audit import Actor
+from registry.access import services as access
+from registry.audit.chain import Actor
 from registry.models import (
     PRODUCTION,
     AliasMove,
@@ -296,7 +297,7 @@ def test_2_3_request_promotion_then_another_approver_approves_and_it_serves(serv
     upload("demo", mia, bias=1.0)
     upload("demo", mia, bias=2.0)
     promote("demo", 1, mia, boss)
-    _, inference_token = services.token_create(username="client", create_user=True, roles=[Role.INFERENCE])
+    _, inference_token = access.token_create(username="client", create_user=True, roles=[Role.INFERENCE])
 
     # 2. The maintainer asks for v2 on production, and cannot approve it.
     page = login(browser, server.url, "mia")
@@ -529,7 +530,7 @@ def test_6_no_page_scrolls_sideways_on_a_phone(server, browser):
         force=True,
     )
     pending = PromotionRequest.objects.get(state="pending")
-    services.token_create(username="ada", name="a-token-with-a-long-name-for-the-table", actor=mia)
+    access.token_create(username="ada", name="a-token-with-a-long-name-for-the-table", actor=mia)
     pages = {
         "models": "/ui/",
         "model": f"/ui/models/{name}",

@@ -33,8 +33,8 @@ from inference.errors import (
 )
 from inference.protocol import InferRequest, decode_request
 from inference.runtime import LoadedVersion, NotLoaded
-from registry import services
-from registry.audit import SYSTEM
+from registry.access import services
+from registry.audit.chain import SYSTEM
 from registry.models import RegisteredModel, Role
 from tests.support import onnx_compat
 from tests.support.inference import sample

@@ -9,8 +9,8 @@ from django.db import OperationalError
 
 from inference import auth
 from inference.auth import TokenCache
-from registry import services
-from registry.audit import SYSTEM
+from registry.access import services
+from registry.audit.chain import SYSTEM
 from registry.models import ApiToken, Role
 from registry.serving import InferenceAccess
 

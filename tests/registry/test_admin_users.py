@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.test import Client
 
-from registry.audit_verify import audit_verify
+from registry.audit.verify import audit_verify
 from registry.models import AuditEvent, Role
 from tests.support.people import make_person
 

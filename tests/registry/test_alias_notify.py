@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 
 from registry import notify, promotions
-from registry.audit import Actor
+from registry.audit.chain import Actor
 from registry.models import Alias, AliasMove, RegisteredModel
 from tests.support.onnx_models import add_model_bytes
 

@@ -8,8 +8,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from registry import services
-from registry.audit import Actor
+from registry.access import services
+from registry.audit.chain import Actor
 from registry.models import Alias, AliasMove, AuditEvent, ModelVersion, PromotionRequest, Role, VersionStatus
 from tests.support.onnx_models import add_model_bytes, multi_io_model
 from tests.support.people import make_person

@@ -10,8 +10,8 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from registry import audit
-from registry.audit_verify import audit_verify
+from registry.access import refusals as audit
+from registry.audit.verify import audit_verify
 from registry.models import AuditEvent, AuthFailureWindow
 from registry.tasks import summarise_auth_failures
 

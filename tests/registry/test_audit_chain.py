@@ -13,8 +13,8 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
-from registry.audit import SYSTEM, audit_record
-from registry.audit_verify import VerifyResult, audit_verify
+from registry.audit.chain import SYSTEM, audit_record
+from registry.audit.verify import VerifyResult, audit_verify
 from registry.models import AuditChainHead, AuditEvent
 from tests.support.audit_factory import append_bulk_events, trigger_disabled
 

@@ -10,8 +10,8 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import connection, transaction
 
-from registry.audit import SYSTEM, audit_record
-from registry.audit_verify import audit_chain_check_run
+from registry.audit.chain import SYSTEM, audit_record
+from registry.audit.verify import audit_chain_check_run
 from registry.models import AuditChainCheck, AuditChainHead, AuditEvent
 from registry.tasks import verify_audit_chain
 from tests.support.audit_factory import trigger_disabled

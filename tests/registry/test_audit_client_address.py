@@ -23,7 +23,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from modelyard.env import env_networks
 from modelyard.processes import kill_group
-from registry.clients import client_address, request_id
+from registry.access.clients import client_address, request_id
 from registry.models import AuditEvent
 
 pytestmark = pytest.mark.django_db

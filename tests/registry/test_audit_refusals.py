@@ -8,9 +8,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 
-from registry import services
-from registry.audit import SYSTEM
-from registry.audit_verify import audit_verify
+from registry.access import services
+from registry.audit.chain import SYSTEM
+from registry.audit.verify import audit_verify
 from registry.models import ApiToken, AuditEvent
 
 pytestmark = pytest.mark.django_db

@@ -25,7 +25,7 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 
 from modelyard.processes import kill_group
-from registry import tasks
+from registry import queueing, tasks
 from registry.models import AuditEvent, ModelVersion, VersionStatus
 from storage import get_storage
 from tests.support.onnx_models import (
@@ -260,7 +260,7 @@ def test_validation_survives_a_worker_killed_mid_task(owner, registered, start_w
 
 
 def test_a_task_delivered_twice_validates_once(owner, registered, monkeypatch):
-    monkeypatch.setattr(tasks, "validation_enqueue", lambda version_id: None)
+    monkeypatch.setattr(queueing, "validation_enqueue", lambda version_id: None)
     version = upload(owner, registered, "model.onnx", add_model_bytes())
     assert version.status == VersionStatus.PENDING
 
@@ -276,8 +276,8 @@ def test_a_task_delivered_twice_validates_once(owner, registered, monkeypatch):
 
 def test_requeue_stuck_picks_lost_validations_only(owner, registered, monkeypatch, settings):
     queued: list[int] = []
-    monkeypatch.setattr(tasks, "validation_enqueue", queued.append)
-    monkeypatch.setattr(tasks, "validation_requeue", queued.append)
+    monkeypatch.setattr(queueing, "validation_enqueue", queued.append)
+    monkeypatch.setattr(queueing, "validation_requeue", queued.append)
     settings.VALIDATION_STALE_SECONDS = STALE_SECONDS
     now = timezone.now()
     long_ago = now - timedelta(minutes=30)
@@ -315,8 +315,8 @@ def test_a_version_whose_attempts_are_spent_ends_failed_instead_of_being_claimed
     owner, registered, monkeypatch, settings
 ):
     requeued: list[int] = []
-    monkeypatch.setattr(tasks, "validation_enqueue", lambda version_id: None)
-    monkeypatch.setattr(tasks, "validation_requeue", requeued.append)
+    monkeypatch.setattr(queueing, "validation_enqueue", lambda version_id: None)
+    monkeypatch.setattr(queueing, "validation_requeue", requeued.append)
     settings.VALIDATION_STALE_SECONDS = STALE_SECONDS
     version = upload(owner, registered, "model.onnx", add_model_bytes())
     # Every delivery so far claimed it and then lost its worker (a poison model, say, that got the
@@ -369,7 +369,7 @@ def _nul_location_files(folder: Path) -> list[tuple[str, bytes]]:
 def test_a_hostile_model_fails_on_its_first_delivery_and_is_not_retried(
     owner, registered, monkeypatch, settings, tmp_path, files, error
 ):
-    monkeypatch.setattr(tasks, "validation_enqueue", lambda version_id: None)
+    monkeypatch.setattr(queueing, "validation_enqueue", lambda version_id: None)
     settings.VALIDATION_TIMEOUT_SECONDS = 2
     response = owner.upload(registered, files(tmp_path / "m"))
     assert response.status_code == 201, response.content

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from registry import promotions, services, tasks, webhooks
-from registry.audit import SYSTEM
+from registry import promotions, queueing, services
+from registry.access import services as access
+from registry.audit.chain import SYSTEM
 from registry.models import (
     PRODUCTION,
     ApiToken,
@@ -27,6 +28,7 @@ from registry.models import (
     Webhook,
     WebhookDelivery,
 )
+from registry.webhooks import services as webhooks
 from tests.support.audit_factory import append_bulk_events
 from tests.support.onnx_models import add_model_bytes
 from tests.support.people import Person, make_person
@@ -45,7 +47,7 @@ def admin(db: None) -> Person:
 @pytest.fixture(autouse=True)
 def _no_validation(monkeypatch: pytest.MonkeyPatch) -> None:
     """Versions stay pending unless a test says otherwise: what is listed matters here, not validation."""
-    monkeypatch.setattr(tasks, "validation_enqueue", lambda version_id: None)
+    monkeypatch.setattr(queueing, "validation_enqueue", lambda version_id: None)
 
 
 def _ready_versions(admin: Person, model: str, count: int) -> list[int]:
@@ -95,7 +97,7 @@ def _audit_events(admin: Person, count: int) -> None:
 def _tokens(admin: Person, count: int) -> None:
     start = ApiToken.objects.count()
     for index in range(start, start + count):
-        services.token_create(username=f"user{index}", create_user=True, actor=SYSTEM)
+        access.token_create(username=f"user{index}", create_user=True, actor=SYSTEM)
 
 
 def _fleet(admin: Person, count: int) -> None:

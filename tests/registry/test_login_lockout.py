@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import timezone
 
-from registry.audit_verify import audit_verify
+from registry.audit.verify import audit_verify
 from registry.models import AuditEvent, AuthFailureWindow, LoginFailure
 
 pytestmark = pytest.mark.django_db

@@ -6,8 +6,8 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import RequestFactory
 
-from registry.api.multipart import MultipartUpload
 from registry.errors import InvalidInput, NotAnOnnxModel
+from registry.http import MultipartUpload
 from registry.models import ModelVersion, RegisteredModel
 from registry.uploads import version_upload
 from tests.support.onnx_models import add_model_bytes

@@ -1,4 +1,4 @@
-"""Which addresses a webhook delivery may reach (``registry.outbound``), including addresses hidden inside IPv6."""
+"""Which addresses a webhook delivery may reach (``registry.webhooks.outbound``), including those hidden inside IPv6."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ipaddress
 
 import pytest
 
-from registry import outbound
+from registry.webhooks import outbound
 
 ALLOW = "(set MODELYARD_WEBHOOK_ALLOW_PRIVATE=true to deliver there)"
 

@@ -13,8 +13,9 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from registry import services, serving
-from registry.audit import SYSTEM
+from registry import serving
+from registry.access import services
+from registry.audit.chain import SYSTEM
 from registry.models import PRODUCTION, ApiToken, InferenceWorker, Role
 from registry.serving import Laggard, LoadedRow, LoadState, ServedFile, WorkerReport
 from tests.support.people import make_person

@@ -10,8 +10,8 @@ import pytest
 from django.core.cache import caches
 from django.test import Client
 
+from registry.access.throttling import RateLimited, TokenRateThrottle
 from registry.models import ApiToken, AuditEvent, AuthFailureWindow, RegisteredModel
-from registry.throttling import RateLimited, TokenRateThrottle
 from tests.support.people import make_person
 
 pytestmark = pytest.mark.django_db

@@ -9,9 +9,9 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from registry import services
-from registry.audit import SYSTEM
-from registry.auth import bearer_token
+from registry.access import services
+from registry.access.auth import bearer_token
+from registry.audit.chain import SYSTEM
 from registry.errors import InvalidInput, NotFound
 from registry.models import ApiToken, AuditEvent
 

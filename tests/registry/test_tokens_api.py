@@ -11,8 +11,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from registry import services
-from registry.audit import SYSTEM
+from registry.access import services
+from registry.audit.chain import SYSTEM
 from registry.errors import InvalidInput
 from registry.models import ApiToken, AuditEvent
 from tests.support.people import make_person

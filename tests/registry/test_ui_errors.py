@@ -69,7 +69,7 @@ def test_a_form_that_fails_the_csrf_check_gets_the_ui_403_page(viewer):
 
 
 def test_a_server_error_in_the_ui_is_an_html_500(viewer, monkeypatch):
-    from registry import ui_views
+    from registry.ui import views as ui_views
 
     def broken(**kwargs):
         raise RuntimeError("the database fell over")

@@ -12,7 +12,7 @@ from django.utils import timezone
 from registry import serving
 from registry.models import AuditEvent, InferenceWorker, Role
 from registry.serving import LoadedRow, LoadState, TrafficBucket, WorkerReport
-from registry.ui_charts import line_chart, nice_ceiling, traffic_charts
+from registry.ui.charts import line_chart, nice_ceiling, traffic_charts
 from tests.support.audit_factory import append_bulk_events
 from tests.support.people import login_person
 

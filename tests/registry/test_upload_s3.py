@@ -148,7 +148,7 @@ def test_orphans_younger_than_the_grace_period_are_kept(owner, registered, any_s
 def test_chunk_pipe_reads_return_the_exact_bytes_in_order(read_size):
     import threading
 
-    from registry.api.multipart import ChunkPipe
+    from registry.http import ChunkPipe
 
     pieces = [bytes([i]) * (997 + 13 * i) for i in range(40)]
     pipe = ChunkPipe()

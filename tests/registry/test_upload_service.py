@@ -15,7 +15,7 @@ import pytest
 from django.test import TestCase
 
 from onnxkit.validation import runtime_limits
-from registry import tasks
+from registry import queueing
 from registry.errors import (
     FormTooLarge,
     InvalidInput,
@@ -75,7 +75,7 @@ def test_a_local_upload_is_stored_recorded_audited_and_validated(owner, register
 
 def test_validation_is_queued_once_the_version_is_committed_and_not_for_a_refusal(owner, registered, monkeypatch):
     queued: list[int] = []
-    monkeypatch.setattr(tasks, "validation_enqueue", queued.append)
+    monkeypatch.setattr(queueing, "validation_enqueue", queued.append)
     model = RegisteredModel.objects.get(name=registered)
 
     with TestCase.captureOnCommitCallbacks(execute=False) as callbacks:

@@ -13,8 +13,9 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from registry import promotions, tasks, webhooks
+from registry import promotions, tasks
 from registry.models import DeliveryStatus, RegisteredModel, Webhook, WebhookDelivery, WebhookEvent
+from registry.webhooks import services as webhooks
 from tests.support.onnx_models import unrunnable_model
 from tests.support.polling import eventually
 from tests.support.registry import create_model, set_alias, upload_versions

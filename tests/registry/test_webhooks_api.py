@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from registry import webhooks
 from registry.models import AuditEvent, Role, Webhook, WebhookDelivery
+from registry.webhooks import services as webhooks
 from tests.support.people import make_person
 
 pytestmark = pytest.mark.django_db

@@ -20,7 +20,7 @@ from django.conf import settings as django_settings
 from prometheus_client.mmap_dict import MmapedDict
 
 from registry import promotions
-from registry.audit import Actor
+from registry.audit.chain import Actor
 from registry.models import PRODUCTION, FileRole, ModelFile, RegisteredModel, Role
 from registry.serving import fleet_list
 from tests.support.inference import infer_body

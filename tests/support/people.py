@@ -8,8 +8,8 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.test import Client, TestCase
 
-from registry import services
-from registry.audit import SYSTEM, Actor
+from registry.access import services
+from registry.audit.chain import SYSTEM, Actor
 
 PASSWORD = "correct horse battery staple"
 

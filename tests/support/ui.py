@@ -16,8 +16,8 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
-from registry import services
-from registry.audit import SYSTEM, Actor
+from registry.access import services
+from registry.audit.chain import SYSTEM, Actor
 from tests.support.processes import ServeProcess, base_env, subprocess_database_url
 
 PASSWORD = "correct horse battery staple"

@@ -7,7 +7,7 @@ from typing import Any, BinaryIO
 
 from django.test import TestCase
 
-from registry.audit import Actor
+from registry.audit.chain import Actor
 from registry.models import ModelVersion, RegisteredModel
 from registry.uploads import LocalUpload, version_upload
 from storage import get_storage

@@ -23,7 +23,8 @@ from onnx import TensorProto
 from inference.grpc.server import GrpcServer
 from inference.runtime import InferenceRuntime, LoadedVersion
 from registry import promotions, services
-from registry.audit import Actor
+from registry.access import services as access
+from registry.audit.chain import Actor
 from registry.models import PRODUCTION, VersionStatus
 from registry.uploads import LocalUpload, version_upload
 from tests.support import onnx_compat
@@ -200,7 +201,7 @@ def register(served: ServedModel, *, owner: Actor, approver: Actor, admin: Actor
 
 
 def make_actor(username: str, *roles: str) -> tuple[Actor, str]:
-    token, raw = services.token_create(username=username, create_user=True, roles=list(roles))
+    token, raw = access.token_create(username=username, create_user=True, roles=list(roles))
     return Actor(user=token.user, label=username), raw
 
 

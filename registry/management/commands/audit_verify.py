@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from registry.audit_verify import audit_verify
+from registry.audit.verify import audit_verify
 
 
 class Command(BaseCommand):

@@ -3,11 +3,11 @@
 Pages read through ``registry.selectors`` and write through one service each (``registry.services``,
 ``registry.promotions``, and ``registry.uploads.version_upload`` for uploads, fed from the browser's
 multipart request as the API feeds it). A refusal is shown with the service's own message and the
-status the API's error table gives it (``registry.api.errors.status_for``), so the rules live in
+status the API's error table gives it (``registry.http.status_for``), so the rules live in
 one place; every permission is checked here or in the service, whatever the page shows. Refusals
 for lack of a role (403) write an ``access.denied`` audit event, as the API's do.
 
-Tokens, users and passwords are in ``registry.ui_account_views``.
+Tokens, users and passwords are in ``registry.ui.account_views``.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ from django.views.decorators.http import require_POST
 from modelyard.error_body import error_body
 from onnxkit.signatures import signature_compare
 from registry import promotions, selectors, services, serving
-from registry.api.errors import body_refusal, status_for
-from registry.api.multipart import MultipartUpload
-from registry.audit import actor_from_request, audit_access_denied, audit_event_list
-from registry.audit_verify import audit_verify
-from registry.auth import has_role
+from registry.access import selectors as access_selectors
+from registry.access.auth import has_role
+from registry.access.clients import actor_from_request
+from registry.access.refusals import audit_access_denied
+from registry.audit.chain import audit_event_list
+from registry.audit.verify import audit_verify
 from registry.comparison import compare, file_changes, policy_violations
 from registry.errors import (
     ForceNeedsReason,
@@ -47,6 +48,7 @@ from registry.errors import (
     PermissionDenied,
     RegistryError,
 )
+from registry.http import MultipartUpload, body_refusal, status_for
 from registry.models import (
     PRODUCTION,
     Alias,
@@ -58,9 +60,9 @@ from registry.models import (
     Role,
     VersionStatus,
 )
-from registry.ui_charts import traffic_charts
-from registry.ui_errors import error_page
-from registry.ui_forms import (
+from registry.ui.charts import traffic_charts
+from registry.ui.errors import error_page
+from registry.ui.forms import (
     ModelBatchingForm,
     ModelCreateForm,
     ModelEditForm,
@@ -78,6 +80,16 @@ DECIDED_SHOWN = 50
 
 
 # --- Shared -------------------------------------------------------------------------------------------
+
+
+def home(request: HttpRequest) -> HttpResponse:
+    """The front page at ``/``: how many models and versions this server holds, and the role it runs."""
+    context = {
+        "models": RegisteredModel.objects.count(),
+        "versions": ModelVersion.objects.count(),
+        "role": settings.ROLE,
+    }
+    return render(request, "modelyard/home.html", context)
 
 
 def require_role(request: HttpRequest, *roles: str, what: str) -> None:
@@ -593,14 +605,14 @@ def _promotion_review(
     if promotion.kind == PromotionKind.MOVE and promotion.version is not None and promotion.base_version is not None:
         diff = comparison(promotion.base_version, promotion.version, promotion.alias)
     since = promotions.review_window_start(promotion)
-    grants = selectors.privileged_grant_list(since=since)
+    grants = access_selectors.privileged_grant_list(since=since)
     context = {
         "promotion": promotion,
         "diff": diff,
         "why_not": _why_not(request, promotion),
         "own": promotion.requested_by_id == request.user.pk,
-        "grants": grants[: selectors.PRIVILEGED_GRANTS_SHOWN],
-        "grants_more": max(0, grants.count() - selectors.PRIVILEGED_GRANTS_SHOWN),
+        "grants": grants[: access_selectors.PRIVILEGED_GRANTS_SHOWN],
+        "grants_more": max(0, grants.count() - access_selectors.PRIVILEGED_GRANTS_SHOWN),
         "grants_since": since,
         "error": error,
     }

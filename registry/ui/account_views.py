@@ -26,14 +26,15 @@ from django.urls import reverse, reverse_lazy
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from registry import selectors, services
-from registry.audit import actor_from_request, audit_access_denied
-from registry.auth import has_role
+from registry.access import selectors, services
+from registry.access.auth import has_role
+from registry.access.clients import actor_from_request
+from registry.access.refusals import audit_access_denied
 from registry.errors import InvalidInput, NotFound, RegistryError
 from registry.models import Role
-from registry.ui_errors import error_page
-from registry.ui_forms import TokenCreateForm, UserAccessForm, UserInviteForm
-from registry.ui_views import refusal, require_role
+from registry.ui.errors import error_page
+from registry.ui.forms import TokenCreateForm, UserAccessForm, UserInviteForm
+from registry.ui.views import refusal, require_role
 
 # --- Tokens -------------------------------------------------------------------------------------------
 

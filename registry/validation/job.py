@@ -1,7 +1,9 @@
-"""One validation of a stored version: fetch its files, validate them in a child process, keep the claim alive.
+"""One validation of a stored version: fetch its files, validate them in the sandbox, keep the claim alive.
 
-The ``validate_version`` task (``registry/tasks.py``) claims the version, calls
-:func:`validate_stored_version`, and records what it returns.
+The ``validate_version`` task (``registry/tasks.py``) claims the version
+(``registry/validation/services.py``), calls :func:`validate_stored_version`, and records what it
+returns. The checks themselves are ``onnxkit.validation``, run in ``onnxkit.sandbox`` under
+``MODELYARD_VALIDATION_TIMEOUT_SECONDS`` and ``MODELYARD_VALIDATION_MEMORY_MB``.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 
 from onnxkit.validation import ValidationResult, readable, validate_in_child
-from registry import services
 from registry.models import FileRole, ModelVersion
+from registry.validation import services
 from storage import ObjectNotFound, StorageUnavailable, get_storage
 from storage.base import copy_stream
 

@@ -1,7 +1,7 @@
 """Request rate limits for the registry API: per token (or browser session), and per client address.
 
 Requests without valid credentials are counted per address while they are authenticated
-(``registry.auth``), so that the permission that refuses them (401) cannot skip the count.
+(``registry.access.auth``), so that the permission that refuses them (401) cannot skip the count.
 
 Counts are fixed one-period windows kept in Django's cache with an atomic increment, so every
 server process sharing a Redis cache counts together (DRF's own throttles read, append and write
@@ -27,7 +27,7 @@ from rest_framework import exceptions
 from rest_framework.throttling import BaseThrottle
 
 from modelyard.env import parse_rate
-from registry import clients
+from registry.access import clients
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class ClientAddressThrottle(_WindowThrottle):
     """Callers without valid credentials, counted per client address as they are authenticated.
 
     Not a DRF throttle class: DRF runs those after the permissions, which refuse a request without
-    credentials first. ``registry.auth`` counts a bad token (``BearerTokenAuthentication``) and a
+    credentials first. ``registry.access.auth`` counts a bad token (``BearerTokenAuthentication``) and a
     request with no credentials at all (``AddressCount``) with :meth:`consume`.
     """
 

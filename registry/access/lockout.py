@@ -30,9 +30,11 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from registry.audit import Actor, actor_from_request, audit_auth_failed, audit_record
+from registry.access.clients import actor_from_request
+from registry.access.refusals import audit_auth_failed
+from registry.access.throttling import client_address
+from registry.audit.chain import Actor, audit_record
 from registry.models import LoginFailure
-from registry.throttling import client_address
 
 USER = "user"
 IP = "ip"

@@ -9,7 +9,7 @@ How an event travels:
 2. After commit, each delivery is queued: to the Celery task ``registry.tasks.deliver_webhook`` when
    there is a broker, else to the in-process delivery thread. No request ever waits for a receiver.
 3. :func:`delivery_attempt` claims the row (so two deliveries of one task send once), POSTs it
-   through ``registry.outbound`` (address checks, deadline, no redirects) and records the outcome.
+   through ``registry.webhooks.outbound`` (address checks, deadline, no redirects) and records the outcome.
    A failed attempt is retried after ``MODELYARD_WEBHOOK_RETRY_SECONDS``, doubling, up to
    ``MODELYARD_WEBHOOK_MAX_ATTEMPTS``; the periodic ``retry_webhook_deliveries`` queues retries that
    are due, and takes back attempts whose worker was lost.
@@ -39,10 +39,11 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from registry import inprocess, outbound
-from registry.audit import Actor, audit_record
+from registry import queueing
+from registry.audit.chain import Actor, audit_record
 from registry.errors import InvalidInput
 from registry.models import DeliveryStatus, RegisteredModel, Webhook, WebhookDelivery, WebhookEvent
+from registry.webhooks import outbound
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def _deliver_in_process(delivery_id: int) -> None:
 
 # Without a broker, deliveries run on this one thread: never on the request's (a slow receiver would
 # hold the request), never on the embedded scheduler's (it would hold the schedule).
-_delivery_thread = inprocess.JobThread(name="modelyard-webhooks", run=_deliver_in_process)
+_delivery_thread = queueing.JobThread(name="modelyard-webhooks", run=_deliver_in_process)
 
 
 def deliveries_queue(ids: Iterable[int]) -> None:

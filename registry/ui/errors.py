@@ -16,7 +16,7 @@ from django.shortcuts import render
 from django.template.loader import render_to_string
 
 from modelyard.error_body import error_body
-from registry.api.errors import json_404, json_500
+from registry.http import json_404, json_500
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
+from registry.access.throttling import ClientAddressThrottle, client_address
 from registry.models import ApiToken, Role
-from registry.throttling import ClientAddressThrottle, client_address
 
 TOKEN_PREFIX = "my_"
 

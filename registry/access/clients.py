@@ -3,7 +3,8 @@
 The address is the direct peer's unless that peer is a trusted proxy (``MODELYARD_TRUSTED_PROXIES``);
 X-Request-ID is taken only from such a proxy; NUL characters (which PostgreSQL cannot store) are
 replaced and lengths capped. The audit log, the API throttles and the login lockout all count and
-record callers through these functions, so they agree on who a caller is.
+record callers through these functions, so they agree on who a caller is; :func:`actor_from_request`
+is the audit log's :class:`~registry.audit.chain.Actor` for a request.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import uuid
 from typing import Any
 
 from django.conf import settings
+
+from registry.audit.chain import Actor
 
 # A request id a trusted proxy may pass on: short, and nothing that needs escaping anywhere.
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=-]{1,64}")
@@ -75,3 +78,19 @@ def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 
 def _trusted(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return any(address in network for network in settings.TRUSTED_PROXIES)
+
+
+def actor_from_request(request: Any) -> Actor:
+    meta = request.META
+    ip, from_proxy = client_address(meta)
+    auth = getattr(request, "auth", None)
+    user = getattr(request, "user", None)
+    user = user if getattr(user, "is_authenticated", False) else None
+    return Actor(
+        user=user,
+        token_id=getattr(auth, "pk", None),
+        ip=ip,
+        user_agent=clean_text(meta.get("HTTP_USER_AGENT", ""), 512),
+        request_id=request_id(meta, from_proxy=from_proxy),
+        label="anonymous",
+    )

@@ -18,11 +18,12 @@ from django.db import DatabaseError
 from onnxkit.sandbox import CUDA_ENV, ChildLimits, run_in_child
 from onnxkit.validation import SAMPLE_INPUTS, readable
 from registry import services
-from registry.audit import SYSTEM, Actor
+from registry.audit.chain import SYSTEM, Actor
+from registry.derive.services import derive_claim, derive_fail
 from registry.errors import RegistryError
 from registry.models import DeriveJob, FileRole
 from registry.uploads import LocalUpload, version_upload
-from registry.validation_job import fetch_version_files
+from registry.validation.job import fetch_version_files
 from storage import ObjectNotFound, StorageUnavailable
 
 logger = logging.getLogger(__name__)
@@ -44,22 +45,20 @@ def derive_limits() -> ChildLimits:
 
 def run_derive_job(job_id: int) -> str:
     """Claim the job, build its version, record the outcome; safe to call twice for one job."""
-    if not services.derive_claim(job_id=job_id):
+    if not derive_claim(job_id=job_id):
         return "skipped"
     job = DeriveJob.objects.select_related("source__model", "requested_by").get(pk=job_id)
     try:
         return _run(job)
     except StorageUnavailable as exc:
-        services.derive_fail(job_id=job_id, error=f"artifact storage is unavailable: {exc}")
+        derive_fail(job_id=job_id, error=f"artifact storage is unavailable: {exc}")
     except RegistryError as exc:  # the upload refused the result
-        services.derive_fail(job_id=job_id, error=f"the derived model was refused: {exc.message}")
+        derive_fail(job_id=job_id, error=f"the derived model was refused: {exc.message}")
     except DatabaseError:
         raise
     except Exception as exc:
         logger.exception("derive job %s could not finish", job_id)
-        services.derive_fail(
-            job_id=job_id, error=f"the derivation could not finish: {type(exc).__name__}: {readable(str(exc))}"
-        )
+        derive_fail(job_id=job_id, error=f"the derivation could not finish: {type(exc).__name__}: {readable(str(exc))}")
     return "failed"
 
 
@@ -74,7 +73,7 @@ def _run(job: DeriveJob) -> str:
         try:
             model_path = fetch_version_files(source, parent_dir)
         except ObjectNotFound as exc:
-            services.derive_fail(job_id=job.pk, error=f"a stored file of the parent version is missing: {exc}")
+            derive_fail(job_id=job.pk, error=f"a stored file of the parent version is missing: {exc}")
             return "failed"
         samples = parent_dir / SAMPLE_INPUTS
         request: dict[str, Any] = {
@@ -87,7 +86,7 @@ def _run(job: DeriveJob) -> str:
         }
         outcome = run_in_child("onnxkit.derive:derive_child", request, derive_limits())
         if not outcome.ok:
-            services.derive_fail(job_id=job.pk, error=outcome.error)
+            derive_fail(job_id=job.pk, error=outcome.error)
             return "failed"
         reply = outcome.reply
         assert reply is not None

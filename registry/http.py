@@ -1,7 +1,14 @@
-"""A streamed multipart upload request as an :class:`~registry.uploads.UploadSource` for ``version_upload``.
+"""What the REST API (``registry/api/``) and the web UI (``registry/ui/``) share about HTTP.
+
+- **Statuses.** Domain errors (``registry.errors``) carry no HTTP: :data:`STATUS` is the one table
+  that gives each its status, for both; :func:`body_refusal` answers the limits hit while a body is
+  read (size, an idle client, too many parts), worded alike for both; :func:`json_404` and
+  :func:`json_500` answer outside the UI's pages. Every body is built by ``modelyard.error_body``.
+- **The multipart upload.** :class:`MultipartUpload` is a streamed multipart upload request as an
+  :class:`~registry.uploads.UploadSource` for ``version_upload``.
 
 Django parses a multipart body by pushing it, chunk by chunk, into upload handlers; the upload
-service pulls each file as a readable stream. This adapter joins the two without holding a file
+service pulls each file as a readable stream. The adapter joins the two without holding a file
 anywhere: Django's parser runs in a helper thread, and its handler pushes each file part through a
 bounded :class:`ChunkPipe` that the service reads on the request's own thread (where its database
 work belongs). Receiving from the client and writing to storage overlap, and memory stays bounded
@@ -21,11 +28,92 @@ from collections.abc import Iterator
 from types import TracebackType
 from typing import Any, BinaryIO, cast
 
+from django.conf import settings
+from django.core.exceptions import RequestAborted, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.core.files.uploadhandler import FileUploadHandler
+from django.http import HttpRequest, JsonResponse
 from django.http.multipartparser import MultiPartParserError
+from rest_framework.response import Response
 
+from modelyard.error_body import error_body
+from modelyard.streaming import BodyIdleTimeout, BodyTooLarge
+from registry import errors
 from registry.errors import InvalidInput
 from registry.uploads import UploadFields
+from storage import StorageError
+
+# --- Statuses ---------------------------------------------------------------------------------
+
+# Looked up along the exception's class hierarchy, so a subclass answers as its nearest listed base.
+STATUS: dict[type[Exception], int] = {
+    errors.InvalidInput: 400,
+    errors.PermissionDenied: 403,
+    errors.NotFound: 404,
+    errors.Conflict: 409,
+    errors.PayloadTooLarge: 413,
+    errors.StorageDown: 503,
+    StorageError: 503,  # a storage failure outside an upload (a download, say)
+}
+
+
+def status_for(exc: Exception) -> int | None:
+    """The status :data:`STATUS` gives ``exc``, or None if it is not a domain or storage error."""
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return None
+
+
+def domain_error_response(exc: Exception) -> Response | None:
+    """The answer to a domain or storage error; None for any other exception."""
+    status = status_for(exc)
+    if status is None:
+        return None
+    if isinstance(exc, errors.RegistryError):
+        return Response(error_body(exc.message, exc.detail), status=status)
+    return Response(error_body(f"artifact storage is unavailable: {exc}"), status=status)
+
+
+def _closing(exc: errors.RegistryError) -> Response:
+    """A domain error's answer that closes the connection, for a refusal that leaves the body unread."""
+    response = domain_error_response(exc)
+    assert response is not None  # every domain error has a status (tests/test_architecture.py)
+    response["Connection"] = "close"
+    return response
+
+
+def body_refusal(exc: Exception) -> Response | None:
+    """Limits hit while the request body was read; the connection closes after an unread body."""
+    close = {"Connection": "close"}
+    if isinstance(exc, BodyTooLarge):
+        return Response(error_body(str(exc), {"limit": exc.limit, "setting": exc.setting}), 413, headers=close)
+    if isinstance(exc, BodyIdleTimeout):
+        return Response(error_body(str(exc), {"seconds": exc.seconds}), 408, headers=close)
+    if isinstance(exc, TooManyFilesSent):  # Django counted the parts; worded as the upload service words it
+        return _closing(errors.TooManyFiles(settings.DATA_UPLOAD_MAX_NUMBER_FILES))
+    if isinstance(exc, TooManyFieldsSent):
+        limit = settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+        message = f"too many form fields: a request may have at most {limit}"
+        return Response(error_body(message, {"limit": limit}), 400, headers=close)
+    if isinstance(exc, RequestDataTooBig):
+        return _closing(errors.FormTooLarge(settings.DATA_UPLOAD_MAX_MEMORY_SIZE))
+    if isinstance(exc, RequestAborted):
+        # Nobody is left to answer, and streaming.py already logged the disconnect in one line.
+        response = Response(error_body("the client disconnected"), 400)
+        response._has_been_logged = True  # type: ignore[attr-defined]  # Django's flag: no "Bad Request" warning
+        return response
+    return None
+
+
+def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return JsonResponse(error_body("not found", request.path), status=404)
+
+
+def json_500(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(error_body("internal server error"), status=500)
+
+
+# --- The multipart upload -------------------------------------------------------------------------
 
 PIPE_CHUNK = 1024 * 1024
 PIPE_DEPTH = 8  # chunks waiting between the parser and the storage write

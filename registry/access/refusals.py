@@ -1,27 +1,25 @@
-"""The audit hash chain: appending events, recording refused access, and reading events back.
+"""Refused access in the audit log: failed logins, rejected API tokens and denied writes.
 
-Changes append their event inside their own transaction. Failed logins and denied writes have
-no change transaction, so they append in one of their own.
-
-What a request tells about itself is recorded only as far as a client cannot forge it or break the
-insert with it: the address is the direct peer's unless that peer is a trusted proxy
-(``MODELYARD_TRUSTED_PROXIES``), X-Request-ID is taken only from such a proxy, NUL characters
-(which PostgreSQL cannot store) are replaced, and lengths are capped.
+These have no change transaction, so each appends its event in one of its own. What a request tells
+about itself is recorded only as far as a client cannot forge it or break the insert with it: the
+address is the direct peer's unless that peer is a trusted proxy (``MODELYARD_TRUSTED_PROXIES``),
+X-Request-ID is taken only from such a proxy, NUL characters (which PostgreSQL cannot store) are
+replaced, and lengths are capped (``registry/access/clients.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, QuerySet
+from django.db.models import F
 from django.utils import timezone
 
-from registry.auth import bearer_token, split_token
-from registry.clients import clean_text, client_address, request_id
-from registry.models import AuditChainHead, AuditEvent, AuthFailureWindow
+from registry.access.auth import bearer_token, split_token
+from registry.access.clients import actor_from_request, clean_text
+from registry.audit.chain import SYSTEM, Actor, audit_record
+from registry.models import AuditEvent, AuthFailureWindow
 
 # Failed authentications are counted per source address in windows of this length.
 AUTH_FAILURE_WINDOW = timedelta(minutes=1)
@@ -31,86 +29,6 @@ AUTH_FAILURE_GRACE = timedelta(seconds=5)
 AUTH_FAILURE_BATCH = 500
 # Unauthenticated callers choose their path and user agent: record enough to recognise them, no more.
 AUTH_FAILED_TEXT_LIMIT = 256
-
-
-@dataclass(frozen=True)
-class Actor:
-    """Who made a change, and from where."""
-
-    user: Any = None
-    token_id: int | None = None
-    ip: str = ""
-    user_agent: str = ""
-    request_id: str = ""
-    # The recorded name when there is no user: "system" for the registry itself, "anonymous" for a caller.
-    label: str = "system"
-
-    @property
-    def name(self) -> str:
-        return self.user.get_username() if self.user is not None else self.label
-
-
-SYSTEM = Actor()
-
-
-def actor_from_request(request: Any) -> Actor:
-    meta = request.META
-    ip, from_proxy = client_address(meta)
-    auth = getattr(request, "auth", None)
-    user = getattr(request, "user", None)
-    user = user if getattr(user, "is_authenticated", False) else None
-    return Actor(
-        user=user,
-        token_id=getattr(auth, "pk", None),
-        ip=ip,
-        user_agent=clean_text(meta.get("HTTP_USER_AGENT", ""), 512),
-        request_id=request_id(meta, from_proxy=from_proxy),
-        label="anonymous",
-    )
-
-
-def audit_record(
-    *,
-    actor: Actor,
-    action: str,
-    target_type: str,
-    target: str,
-    model_name: str = "",
-    before: Any = None,
-    after: Any = None,
-) -> AuditEvent:
-    """Append one event; must run inside the transaction that makes the change."""
-    if not transaction.get_connection().in_atomic_block:
-        raise RuntimeError("audit_record() must run inside the transaction of the change it records")
-    head = AuditChainHead.objects.select_for_update().filter(pk=1).first()
-    if head is None:  # the migration creates it; this covers a truncated table
-        AuditChainHead.objects.bulk_create([AuditChainHead(pk=1)], ignore_conflicts=True)
-        head = AuditChainHead.objects.select_for_update().get(pk=1)
-    event = AuditEvent(
-        seq=head.last_seq + 1,
-        at=timezone.now(),
-        actor=actor.name,
-        actor_id=actor.user.pk if actor.user is not None else None,
-        token_id=actor.token_id,
-        action=action,
-        target_type=target_type,
-        target=target,
-        model_name=model_name,
-        before=before,
-        after=after,
-        ip=actor.ip,
-        user_agent=actor.user_agent,
-        request_id=actor.request_id,
-        prev_hash=head.last_hash,
-    )
-    event.hash = event.compute_hash()
-    event.save()
-    head.last_seq, head.last_hash = event.seq, event.hash
-    head.save(update_fields=["last_seq", "last_hash"])
-    return event
-
-
-# --- Refused access ---------------------------------------------------------------------------
 
 
 def audit_auth_failed(*, request: Any, target_type: str, target: str, reason: str) -> AuditEvent | None:
@@ -227,32 +145,3 @@ def on_user_login_failed(sender: Any, credentials: dict[str, Any], request: Any 
     # Django has already masked secrets in ``credentials``; only the attempted name is kept.
     username = str(credentials.get("username", ""))
     audit_auth_failed(request=request, target_type="user", target=username, reason="wrong username or password")
-
-
-# --- Reading -------------------------------------------------------------------------------------
-
-
-def audit_event_list(
-    *,
-    actor: str = "",
-    action: str = "",
-    model: str = "",
-    since: datetime | None = None,
-    until: datetime | None = None,
-) -> QuerySet[AuditEvent]:
-    """Events matching the filters, unordered. ``action`` ending in "." matches every action under it.
-
-    ``since`` is inclusive and ``until`` exclusive, so consecutive windows never overlap.
-    """
-    events = AuditEvent.objects.all()
-    if actor:
-        events = events.filter(actor=actor)
-    if action:
-        events = events.filter(action__startswith=action) if action.endswith(".") else events.filter(action=action)
-    if model:
-        events = events.filter(model_name=model)
-    if since is not None:
-        events = events.filter(at__gte=since)
-    if until is not None:
-        events = events.filter(at__lt=until)
-    return events

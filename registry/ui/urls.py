@@ -1,6 +1,7 @@
 from django.urls import path
 
-from registry import ui_account_views, ui_views
+from registry.ui import account_views as ui_account_views
+from registry.ui import views as ui_views
 
 app_name = "ui"
 

@@ -22,7 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from onnxkit.sandbox import CUDA_ENV, ChildLimits, ChildOutcome, run_in_child
-from registry.audit import Actor, audit_record
+from registry.audit.chain import Actor, audit_record
 from registry.errors import Conflict
 from registry.models import JobStatus, ModelVersion, VersionBenchmark, VersionStatus
 

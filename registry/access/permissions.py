@@ -7,7 +7,7 @@ from typing import Any
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 
-from registry.auth import has_role
+from registry.access.auth import has_role
 from registry.models import Role
 
 

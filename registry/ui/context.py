@@ -9,7 +9,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
-from registry.auth import has_role
+from registry.access.auth import has_role
 from registry.models import Role
 
 

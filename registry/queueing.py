@@ -1,0 +1,135 @@
+"""Handing jobs to a worker: a Celery task by its name, or without a broker an in-process job thread.
+
+What queues a job names its task (the Celery name, which queued messages carry from one release to
+the next) instead of importing ``registry/tasks.py``: the tasks call the services and the services
+queue the tasks, so only the name ties them and the imports form no cycle. :func:`task` finds the
+task by its name, discovering the task modules first as a worker does.
+
+Without a broker there is no Celery worker, and Celery's eager mode runs a task on the thread that
+sends it. A new version's validation then runs in its upload request, after commit. A validation
+re-queued by the sweep would run on the embedded scheduler's thread, and no sweep, promotion expiry
+or orphan collection would run until it ended; a derivation would hold its POST for the whole
+conversion. Those go to a :class:`JobThread` instead. One at a time is enough: each job runs in a
+child process under its limits (``onnxkit/sandbox.py``), so the queue always moves, and a laptop does
+not validate in parallel.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from celery import current_app
+from django.db import connection
+
+logger = logging.getLogger(__name__)
+
+VALIDATE_TASK = "registry.tasks.validate_version"
+# The name it had in registry/tasks.py, kept for the messages queued before it joined registry/tasks.py.
+DERIVE_TASK = "registry.derive_tasks.derive_version"
+
+
+def task(name: str) -> Any:
+    """The Celery task registered as ``name``; the task modules are discovered on first use, as a worker does."""
+    if name not in current_app.tasks:
+        current_app.loader.import_default_modules()
+    return current_app.tasks[name]
+
+
+class JobThread:
+    """A queue of ids and the one thread that runs ``run(id)`` for each, started on first use."""
+
+    def __init__(self, *, name: str, run: Callable[[int], object]) -> None:
+        self._name = name
+        self._run_one = run
+        self._queue: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._queued: set[int] = set()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, item_id: int) -> None:
+        """Run the job for ``item_id`` after those queued before it; an id already waiting is not queued twice."""
+        with self._lock:
+            if item_id in self._queued:
+                return  # the sweep found it again before its turn came
+            self._queued.add(item_id)
+            self._queue.put(item_id)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item_id = self._queue.get()
+            with self._lock:
+                self._queued.discard(item_id)
+            try:
+                self._run_one(item_id)
+            except Exception:  # one failed job must not stop the queue
+                logger.exception("in-process job %s for %s failed", self._name, item_id)
+            finally:
+                connection.close()  # idle between jobs, this thread holds no database connection
+
+
+# --- Validation ----------------------------------------------------------------------------------
+
+
+def validation_enqueue(version_id: int) -> None:
+    """Queue a new version's validation; called once its row is committed.
+
+    Nothing may escape: the upload has succeeded by now, and an error here (a broker that is
+    down, or, without a broker, the in-process run itself) would turn it into a 500. The version
+    stays ``pending`` (or ``validating`` with a heartbeat that goes stale) and the sweep queues it again.
+    """
+    try:
+        task(VALIDATE_TASK).delay(version_id)
+    except Exception:
+        logger.exception("could not queue or run the validation of version %s; the sweep queues it again", version_id)
+
+
+def validation_requeue(version_id: int) -> None:
+    """Queue a validation that the sweep found lost.
+
+    Without a broker Celery runs a task on the thread that sends it, here the embedded scheduler's,
+    which would stop every other periodic job until the validation ended; the in-process validation
+    thread runs it instead.
+    """
+    if current_app.conf.task_always_eager:
+        _validation_thread.submit(version_id)
+    else:
+        validation_enqueue(version_id)
+
+
+def _validate_in_process(version_id: int) -> None:
+    task(VALIDATE_TASK).apply(args=(version_id,))
+
+
+_validation_thread = JobThread(name="modelyard-validation", run=_validate_in_process)
+
+
+# --- Derivations ---------------------------------------------------------------------------------
+
+
+def derive_enqueue(job_id: int) -> None:
+    """Queue a committed derive job: to Celery, or without a broker to the in-process derive thread.
+
+    Without a broker Celery would run the task on the thread that queues it, the request's, and the
+    POST would wait for the whole conversion; the job thread runs it instead and the POST answers 202.
+    """
+    try:
+        if current_app.conf.task_always_eager:
+            _derive_thread.submit(job_id)
+        else:
+            task(DERIVE_TASK).delay(job_id)
+    except Exception:
+        logger.exception("could not queue derive job %s", job_id)
+
+
+def _derive_in_process(job_id: int) -> None:
+    task(DERIVE_TASK).apply(args=(job_id,))
+
+
+_derive_thread = JobThread(name="modelyard-derive", run=_derive_in_process)
