@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -303,3 +304,161 @@ def test_nothing_in_the_registry_imports_its_tasks():
     graph = import_graph(project_modules())
     importers = sorted(module for module, targets in graph.items() if "registry.tasks" in targets)
     assert [module for module in importers if module.startswith(("registry", "onnxkit", "inference", "storage"))] == []
+
+
+# --- ARCHITECTURE.md stays exact: every code name it mentions exists ----------------------------------
+
+ARCHITECTURE = ROOT / "ARCHITECTURE.md"
+FILE_SUFFIXES = (".py", ".md", ".json", ".onnx", ".yml", ".yaml", ".toml", ".proto", ".js", ".html", ".txt", ".bin")
+
+
+class _Names:
+    """What each project module defines, read with ``ast``: its names, and each class's members."""
+
+    def __init__(self, modules: dict[str, Path]) -> None:
+        self.modules = set(modules)
+        self.names: dict[str, dict[str, str | None]] = {}  # module -> name -> where it was imported from
+        self.members: dict[str, set[str]] = {}  # "module.Class" -> its attributes, methods and self.<x>
+        self.short: dict[str, set[str]] = {}  # a module's last part or a class's name -> full names
+        self.literals: set[str] = set()
+        for module, path in modules.items():
+            tree = ast.parse(path.read_text(), str(path))
+            self.short.setdefault(module.rpartition(".")[2], set()).add(module)
+            names: dict[str, str | None] = {}
+            for node in tree.body:
+                for name, source in self._defined(node):
+                    names[name] = source
+                if isinstance(node, ast.ClassDef):
+                    self.members[f"{module}.{node.name}"] = self._members(node)
+                    self.short.setdefault(node.name, set()).add(f"{module}.{node.name}")
+            self.names[module] = names
+            self.literals |= {
+                n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            }
+
+    @staticmethod
+    def _defined(node: ast.stmt) -> list[tuple[str, str | None]]:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            return [(node.name, None)]
+        if isinstance(node, ast.Assign):
+            return [(t.id, None) for t in node.targets if isinstance(t, ast.Name)]
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            return [(node.target.id, None)]
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            return [(a.asname or a.name, f"{node.module}.{a.name}") for a in node.names]
+        if isinstance(node, ast.Import):
+            return [
+                (a.asname or a.name.partition(".")[0], a.name if a.asname else a.name.partition(".")[0])
+                for a in node.names
+            ]
+        if isinstance(node, ast.If | ast.Try):
+            return [
+                item
+                for child in ast.iter_child_nodes(node)
+                if isinstance(child, ast.stmt)
+                for item in _Names._defined(child)
+            ]
+        return []
+
+    @staticmethod
+    def _members(node: ast.ClassDef) -> set[str]:
+        found = set()
+        for child in node.body:
+            found |= {name for name, _ in _Names._defined(child)}
+        for child in ast.walk(node):
+            if (
+                isinstance(child, ast.Attribute)
+                and isinstance(child.ctx, ast.Store)
+                and isinstance(child.value, ast.Name)
+                and child.value.id == "self"
+            ):
+                found.add(child.attr)
+        return found
+
+    def resolves(self, dotted: str, depth: int = 0) -> bool:
+        parts = dotted.split(".")
+        for cut in range(len(parts), 0, -1):
+            module = ".".join(parts[:cut])
+            if module in self.modules:
+                return self._walk(module, parts[cut:], depth)
+        return False
+
+    def _walk(self, module: str, rest: list[str], depth: int) -> bool:
+        if not rest:
+            return True
+        name, more = rest[0], rest[1:]
+        if name not in self.names[module]:
+            return f"{module}.{name}" in self.modules and self._walk(f"{module}.{name}", more, depth)
+        source = self.names[module][name]
+        if source is not None:  # imported here: follow it to where it is defined
+            return not more or (depth < 5 and self.resolves(".".join([source, *more]), depth + 1))
+        if not more:
+            return True
+        members = self.members.get(f"{module}.{name}")
+        return members is not None and len(more) == 1 and more[0] in members
+
+    def exists(self, dotted: str) -> bool:
+        first, _, rest = dotted.partition(".")
+        if first in PACKAGES:
+            return self.resolves(dotted) or dotted in self.literals
+        candidates = self.short.get(first, set())
+        return any(self.resolves(f"{full}.{rest}" if rest else full) for full in candidates) or dotted in self.literals
+
+    def known(self, name: str) -> bool:
+        """Whether ``name`` begins with a project package, module or class, so that it must exist."""
+        first = name.partition(".")[0]
+        return first in PACKAGES or first in self.short
+
+
+def architecture_names(text: str) -> tuple[list[str], list[str]]:
+    """The code names in backticks (``a.b``, ``Class.method``, ``Class``; a call cut at its parenthesis), the paths."""
+    names, paths = [], []
+    for span in re.findall(r"`([^`\n]+)`", text):
+        span = span.strip()
+        if ": " in span and span.split(": ")[0].endswith(".py"):  # `inference/app.py: error_response`
+            path, name = span.split(": ", 1)
+            paths.append(path)
+            names.append(_module_name(ROOT / path) + "." + name)
+            continue
+        if " " in span or span.startswith(("/", "@", "-", "$")):
+            continue
+        if "/" in span or (span.endswith(".py") and not span.startswith(".")):  # a bare name: a module of a part
+            paths.append(span)
+            continue
+        if span.endswith(FILE_SUFFIXES):
+            continue
+        name = span.split("(")[0]
+        if re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", name) or re.fullmatch(r"_?[A-Z][a-z]\w*", name):
+            names.append(name)
+    return names, paths
+
+
+def test_every_code_name_and_path_architecture_md_names_exists():
+    index = _Names(project_modules())
+    names, paths = architecture_names(ARCHITECTURE.read_text())
+    checked = [name for name in names if index.known(name)]
+    assert len(checked) > 150  # the check has something to hold
+    missing = sorted({name for name in checked if not index.exists(name)})
+    assert missing == [], f"ARCHITECTURE.md names code that does not exist: {missing}"
+    project_dirs = [ROOT / package for package in PACKAGES]
+    absent = sorted(
+        {
+            path
+            for path in paths
+            if not (ROOT / path).exists() and not any(list(folder.rglob(path.rstrip("/"))) for folder in project_dirs)
+        }
+    )
+    assert absent == [], f"ARCHITECTURE.md names paths that do not exist: {absent}"
+
+
+def test_the_architecture_check_finds_a_name_that_does_not_exist():
+    index = _Names(project_modules())
+    assert index.exists("registry.uploads.version_upload") and index.exists("services.Derivation")
+    assert index.exists("DataPlane.infer") and index.exists("registry.serving.PRODUCTION")
+    assert index.exists("alias.set")  # an audit action, a string the code writes
+    assert not index.exists("registry.uploads.version_uploads") and not index.exists("registry.validation_process")
+    assert not index.exists("DataPlane.authorize") and not index.exists("onnxkit.sandbox.ChildFailure.nothing")
+    names, paths = architecture_names("`registry.serving.desired_state()`, `inference/app.py: error_response`, `api/`")
+    assert names == ["registry.serving.desired_state", "inference.app.error_response"]
+    assert paths == ["inference/app.py", "api/"]
+    assert architecture_names("`models.py`, `tokenizer.json`, `alias.set`") == (["alias.set"], ["models.py"])
