@@ -188,3 +188,23 @@ def test_domain_errors_know_nothing_of_http():
     ]
     assert missing == []
     assert STATUS[errors.InvalidInput] == 400 and status_for(errors.UnsupportedModel("x")) == 400
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    pending = [start]
+    while pending:
+        for target in graph[pending.pop()] - seen:
+            seen.add(target)
+            pending.append(target)
+    return seen
+
+
+def test_grpc_serves_the_data_plane_without_the_rest_endpoints():
+    # Both transports stand on inference.dataplane (one admission, one error table in inference.errors);
+    # neither reaches the other.
+    graph = import_graph(project_modules())
+    grpc = {name for name in graph if name.startswith("inference.grpc")}
+    assert "inference.dataplane" in _reachable(graph, "inference.grpc.server")
+    assert "inference.app" not in {name for module in grpc for name in _reachable(graph, module)}
+    assert not _reachable(graph, "inference.app") & grpc

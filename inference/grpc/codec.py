@@ -16,11 +16,11 @@ import numpy as np
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from inference.dataplane import InferResult
 from inference.errors import InvalidInput
 from inference.grpc import grpc_service_pb2 as pb
 from inference.protocol import (
     InferRequest,
+    InferResult,
     binary_output,
     binary_tensor,
     check_all_inputs,
