@@ -1,8 +1,14 @@
-"""The seam between the planes: ``inference/`` imports from ``registry`` only ``registry.serving``."""
+"""The seam between the planes: ``inference/`` imports from ``registry`` only ``registry.serving``.
+
+And the request path's codecs and batcher stand without it: they import with no Django at all.
+"""
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import inference
@@ -56,3 +62,25 @@ def test_the_rule_sees_every_form_of_import(tmp_path):
         (3, "registry.auth"),
         (5, "registry.validation"),
     ]
+
+
+HOT_PATH = ("inference.protocol", "inference.batcher", "inference.grpc.codec")
+
+
+def test_the_hot_path_imports_without_django_settings():
+    # A fresh interpreter with no settings module: the wire codecs and the batcher import, and load no Django.
+    environment = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    script = (
+        f"import sys, {', '.join(HOT_PATH)}\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'django', 'registry', 'modelyard', 'storage'}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(inference.__file__).parent.parent,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
