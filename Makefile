@@ -8,12 +8,13 @@ ORT ?= $(if $(wildcard $(VENV)/.installed-gpu),gpu,cpu)
 GPU_CHECK_VENV := build/gpu-wheel-check
 LOCK := requirements
 TEST_DEPS := $(VENV)/.installed-test-deps
+DOCS_DEPS := $(VENV)/.installed-docs-deps
 UV_COMPILE := --universal --python-version 3.11 --generate-hashes --quiet --custom-compile-command 'make lock'
 # `make run PORT=8100`: the HTTP port; gRPC takes the next one unless GRPC_PORT (or MODELYARD_GRPC_PORT) says.
 PORT ?= 8000
 GRPC_PORT ?=
 
-.PHONY: install install-gpu lock run test lint typecheck services bench bench-install bench-serve check-gpu-wheel clean
+.PHONY: install install-gpu lock run test lint typecheck services bench bench-install bench-serve check-gpu-wheel docs docs-build clean
 
 install: $(VENV)/.installed-$(ORT)
 
@@ -30,7 +31,7 @@ $(VENV)/.installed-%: pyproject.toml $(LOCK)/%.txt
 		$(BIN)/pip uninstall --quiet -y onnxruntime onnxruntime-gpu; fi
 	$(BIN)/pip install --quiet --require-hashes -r $(LOCK)/$*.txt
 	$(BIN)/pip install --quiet --no-deps -e .
-	rm -f $(VENV)/.installed $(VENV)/.installed-* $(TEST_DEPS)
+	rm -f $(VENV)/.installed $(VENV)/.installed-* $(TEST_DEPS) $(DOCS_DEPS)
 	touch $@
 
 # What only the tests need (pytest, Playwright, moto, tritonclient, the linters), from its own lock.
@@ -38,14 +39,20 @@ $(TEST_DEPS): $(VENV)/.installed-$(ORT) $(LOCK)/test.txt
 	$(BIN)/pip install --quiet --require-hashes -r $(LOCK)/test.txt
 	touch $@
 
+# MkDocs and the Material theme for the documentation site (docs/, mkdocs.yml), from their own lock.
+$(DOCS_DEPS): $(VENV)/.installed-$(ORT) $(LOCK)/docs.txt
+	$(BIN)/pip install --quiet --require-hashes -r $(LOCK)/docs.txt
+	touch $@
+
 # Refresh the lock after changing pyproject.toml's dependencies (needs the package index). uv resolves for
-# every platform at once (--universal); the GPU, test and bench locks keep the CPU lock's versions.
+# every platform at once (--universal); the GPU, test, bench and docs locks keep the CPU lock's versions.
 lock: $(VENV)/.installed-$(ORT)
 	$(BIN)/pip install --quiet uv
 	$(BIN)/uv pip compile pyproject.toml $(UV_COMPILE) --extra cpu -o $(LOCK)/cpu.txt
 	$(BIN)/uv pip compile pyproject.toml $(UV_COMPILE) --extra gpu -c $(LOCK)/cpu.txt -o $(LOCK)/gpu.txt
 	$(BIN)/uv pip compile pyproject.toml $(UV_COMPILE) --extra test -c $(LOCK)/cpu.txt -o $(LOCK)/test.txt
 	$(BIN)/uv pip compile pyproject.toml $(UV_COMPILE) --extra bench -c $(LOCK)/cpu.txt -o $(LOCK)/bench.txt
+	$(BIN)/uv pip compile pyproject.toml $(UV_COMPILE) --extra docs -c $(LOCK)/cpu.txt -o $(LOCK)/docs.txt
 
 run: install
 	$(BIN)/modelyard serve --port $(PORT)$(if $(GRPC_PORT), --grpc-port $(GRPC_PORT))
@@ -73,7 +80,7 @@ check-gpu-wheel:
 	$(GPU_CHECK_VENV)/bin/python scripts/check_gpu_wheel.py --expect-refusal
 	rm -rf $(GPU_CHECK_VENV)
 
-test: $(TEST_DEPS) services lint typecheck
+test: $(TEST_DEPS) services lint typecheck docs-build
 	$(BIN)/python manage.py makemigrations --check --dry-run
 	$(BIN)/pytest
 	$(BIN)/pytest -m slow
@@ -90,6 +97,16 @@ bench-install: $(TEST_DEPS)
 # overhead; MiniLM with instances 2 (two CPU lanes).
 bench-serve: bench-install
 	$(BIN)/python bench/serve.py --clients 1,64 --rounds 3 --instances 2 --max-batch-size 16
+
+# The documentation site (docs/, mkdocs.yml): `make docs` serves it with live reload on http://127.0.0.1:8800
+# (`make docs DOCS_PORT=...`), beside a server on 8000; `make docs-build` builds it into build/site as CI does,
+# where any warning (a link to a missing page or heading, a page left out of the nav) fails it.
+DOCS_PORT ?= 8800
+docs: $(DOCS_DEPS)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve -a 127.0.0.1:$(DOCS_PORT)
+
+docs-build: $(DOCS_DEPS)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d build/site
 
 clean:
 	rm -rf $(VENV) .modelyard .pytest_cache .mypy_cache .ruff_cache

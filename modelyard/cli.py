@@ -51,9 +51,7 @@ def serve(args: argparse.Namespace) -> int:
     # already taken stops the start instead of being silently shared with another server.
     if args.grpc_port is not None:
         os.environ["MODELYARD_GRPC_PORT"] = str(args.grpc_port)
-    elif not (os.environ.get("MODELYARD_GRPC_PORT") or os.environ.get("MODELYARD_GRPC_PORT_FILE")) and (
-        0 < args.port < 65535
-    ):
+    elif not os.environ.get("MODELYARD_GRPC_PORT") and 0 < args.port < 65535:
         # Unless told otherwise, gRPC follows HTTP to the next port (8000 and 8001), so that a second server
         # started on another --port does not fail on the first one's gRPC port.
         os.environ["MODELYARD_GRPC_PORT"] = str(args.port + 1)

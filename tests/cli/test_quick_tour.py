@@ -68,7 +68,7 @@ def test_the_readme_quick_tour_runs_as_written(tmp_path):
     assert process.returncode == 0, f"stdout:\n{out}\nstderr:\n{err}\nserver log:\n{log}"
     # The server's gRPC port followed its HTTP port, and the tour's files are in its own folder, not the clone.
     assert f"Modelyard (all) on http://127.0.0.1:{port}/, gRPC on 127.0.0.1:{port + 1}" in log
-    assert sorted(p.name for p in clone.iterdir()) == [".venv", "Makefile", "pyproject.toml", "scripts"]
+    assert sorted(p.name for p in clone.iterdir()) == [".venv", "Makefile", "pyproject.toml", "requirements", "scripts"]
     [folder] = temporary.glob("tmp.*")  # mktemp -d names it so; the server makes folders of its own there too
 
     assert '"status": "ready"' in out

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "requirements"
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 # Which extras each lock file resolves (the Makefile's `lock` target); every lock holds the core dependencies.
-LOCKS = {"cpu": ["cpu"], "gpu": ["gpu"], "test": ["test"], "bench": ["bench"]}
+LOCKS = {"cpu": ["cpu"], "gpu": ["gpu"], "test": ["test"], "bench": ["bench"], "docs": ["docs"]}
 PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)\s*(?:;\s*([^\\]+?))?\s*\\?$")
 
 
@@ -60,9 +60,9 @@ def test_each_lock_satisfies_what_pyproject_asks_for(lock):
 
 
 def test_every_lock_pins_a_package_at_the_cpu_locks_version():
-    """The GPU, test and bench locks are resolved against the CPU lock, so one venv never mixes versions."""
+    """The GPU, test, bench and docs locks are resolved against the CPU lock, so one venv never mixes versions."""
     cpu = pins("cpu")
-    for lock in ("gpu", "test", "bench"):
+    for lock in ("gpu", "test", "bench", "docs"):
         for name, versions in pins(lock).items():
             if name in cpu:
                 assert {v for v, _ in versions} <= {v for v, _ in cpu[name]}, f"{lock}.txt: {name} {versions}"
@@ -71,8 +71,8 @@ def test_every_lock_pins_a_package_at_the_cpu_locks_version():
 def test_exactly_one_onnx_runtime_wheel_in_each_runtime_lock():
     assert "onnxruntime" in pins("cpu") and "onnxruntime-gpu" not in pins("cpu")
     assert "onnxruntime-gpu" in pins("gpu") and "onnxruntime" not in pins("gpu")
-    # The test and bench locks go on top of either runtime lock, so they bring neither wheel.
-    for lock in ("test", "bench"):
+    # The test, bench and docs locks go on top of either runtime lock, so they bring neither wheel.
+    for lock in ("test", "bench", "docs"):
         assert not {"onnxruntime", "onnxruntime-gpu"} & set(pins(lock)), lock
 
 
