@@ -33,7 +33,7 @@ from inference.sessions import (
     unfixed_tensors,
 )
 from inference.text import TOKENIZER_FILE, TextEncoder
-from registry import serving
+from onnxkit.validation import synthetic_inputs
 from registry.serving import VersionSpec
 
 __all__ = ["LABELS_FILE", "SAMPLE_INPUTS_FILE", "load_version"]
@@ -121,7 +121,7 @@ def _warm_up(session: Any, spec: VersionSpec, samples: Path | None, runner: Fixe
         (runner or session).run(None, request.inputs)
         return
     try:
-        (runner or session).run(None, serving.synthetic_inputs(session))
+        (runner or session).run(None, synthetic_inputs(session))
     except Exception as exc:
         if not any(item["datatype"] == "BYTES" for item in spec.signature.get("inputs", [])):
             raise

@@ -8,7 +8,6 @@ names what was wrong.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
@@ -22,6 +21,8 @@ import numpy as np
 import orjson
 
 from inference.errors import BodyTooLarge, InvalidInput, UnsupportedEncoding
+from onnxkit.datatypes import NUMPY_OF
+from onnxkit.tokenizer import TEXT_INPUT, TOKENIZER_FILE
 
 HEADER_LENGTH = "inference-header-content-length"
 MAX_ELEMENTS = 1 << 31
@@ -34,23 +35,7 @@ NESTED_TOO_DEEPLY = "JSON nesting depth exceeds maximum allowed limit: the reque
 # How JSON (which has none) spells the non-finite floats, by Python's repr: the proto3 JSON mapping's names.
 _NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
 
-
-@functools.cache
-def numpy_of() -> dict[str, Any]:
-    """The numpy dtype of each protocol datatype (the registry's one table), read on first use.
-
-    The table is imported here, not at the top, because ``registry.serving`` needs Django's settings,
-    and this module (with the batcher and the gRPC codec) must import without them.
-    """
-    from registry.serving import NUMPY_OF
-
-    return NUMPY_OF
-
-
-@functools.cache
-def _protocol_of() -> dict[str, str]:
-    """The protocol datatype of each numpy dtype string (``numpy_of`` reversed; BYTES has no one dtype)."""
-    return {np.dtype(v).str: k for k, v in numpy_of().items() if v is not np.object_}
+PROTOCOL_OF = {np.dtype(v).str: k for k, v in NUMPY_OF.items() if v is not np.object_}
 
 
 @dataclass
@@ -78,7 +63,7 @@ class InferResult(NamedTuple):
 def can_batch(signature: dict[str, Any]) -> bool:
     """A model's requests can be merged when every input and output has a dynamic first dimension.
 
-    The same rule as ``registry.signatures.batch_dimension_problem``; whether they are merged is the
+    The same rule as ``onnxkit.signatures.batch_dimension_problem``; whether they are merged is the
     registry's decision (``VersionSpec.batching``: validation's check and the model's setting).
     """
     specs = signature.get("inputs", []) + signature.get("outputs", [])
@@ -329,7 +314,7 @@ def _from_json_data(name: str, datatype: str, data: Any, count: int) -> np.ndarr
                 with np.errstate(over="ignore"):  # an overflow (70000 -> inf) is refused below as not finite
                     array = np.asarray(data, dtype=np.float16).reshape(-1)
             else:
-                array = np.asarray(data, dtype=numpy_of()[datatype]).reshape(-1)
+                array = np.asarray(data, dtype=NUMPY_OF[datatype]).reshape(-1)
         except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidInput(f"input '{name}': data does not fit {datatype}: {exc}") from None
         if array.dtype.kind == "f":
@@ -378,8 +363,6 @@ def check_input(
     """An input's datatype and shape against the signature; returns the shape and its element count."""
     spec = expected.get(name)
     if spec is None:
-        from registry.serving import TEXT_INPUT, TOKENIZER_FILE  # a refusal's words: not on the way of a request
-
         if name == TEXT_INPUT:
             raise InvalidInput(
                 f"input '{name}' needs a version uploaded with a {TOKENIZER_FILE}, and this one has none; "
@@ -388,12 +371,11 @@ def check_input(
         raise InvalidInput(f"unknown input '{name}'; the model takes {', '.join(sorted(expected)) or 'none'}")
     if name in seen:
         raise InvalidInput(f"input '{name}' already exists in request: each input may be sent once")
-    numpy = numpy_of()
-    if not isinstance(datatype, str) or datatype not in numpy:
+    if not isinstance(datatype, str) or datatype not in NUMPY_OF:
         raise InvalidInput(f"input '{name}': unknown datatype {datatype!r}")
     if datatype != spec["datatype"]:
         raise InvalidInput(f"input '{name}': expected datatype {spec['datatype']}, got {datatype}")
-    shape = _shape(name, shape, 0 if datatype == "BYTES" else np.dtype(numpy[datatype]).itemsize)
+    shape = _shape(name, shape, 0 if datatype == "BYTES" else np.dtype(NUMPY_OF[datatype]).itemsize)
     want = spec.get("shape")
     if "tokenizer" in spec and want is not None and len(shape) == len(want) + 1 and shape[-1] == 1:
         want = [*want, 1]  # texts as [n, 1] too: the way a batching client shapes one string per row
@@ -428,7 +410,7 @@ def binary_tensor(
     """One input from its binary form: little-endian elements, or BYTES elements each after a 4-byte length."""
     if datatype == "BYTES":
         return _decode_bytes_elements(name, memoryview(raw), count).reshape(shape)
-    dtype = np.dtype(numpy_of()[datatype]).newbyteorder("<")
+    dtype = np.dtype(NUMPY_OF[datatype]).newbyteorder("<")
     if len(raw) != count * dtype.itemsize:
         raise InvalidInput(
             f"input '{name}': shape {shape} of {datatype} needs {count * dtype.itemsize} bytes, "
@@ -587,7 +569,7 @@ def decode_raw_request(body: bytes | bytearray, signature: dict[str, Any], *, mo
                 f"variable-sized dimension: {RAW_REQUEST}: the shape of input '{name}' {dims} cannot be deduced from "
                 "the body's size; send a JSON header with the shape"
             )
-        itemsize = np.dtype(numpy_of()[datatype]).itemsize
+        itemsize = np.dtype(NUMPY_OF[datatype]).itemsize
         known = int(np.prod([d for d in shape if d >= 0])) * itemsize
         if dynamic:
             if not known or len(body) % known:
@@ -615,8 +597,7 @@ def output_datatype(array: np.ndarray) -> str:
     if datatype is None:
         if dtype.kind in "OSU":  # strings: not remembered, as every length is a dtype of its own
             return "BYTES"
-        protocol_of = _protocol_of()
-        datatype = protocol_of.get(dtype.str) or protocol_of.get(dtype.newbyteorder("<").str) or str(dtype)
+        datatype = PROTOCOL_OF.get(dtype.str) or PROTOCOL_OF.get(dtype.newbyteorder("<").str) or str(dtype)
         _DATATYPE_OF_DTYPE[dtype] = datatype
     return datatype
 

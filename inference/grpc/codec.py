@@ -28,10 +28,10 @@ from inference.protocol import (
     check_outputs,
     check_scheduling,
     expected_inputs,
-    numpy_of,
     output_datatype,
     string_array,
 )
+from onnxkit.datatypes import NUMPY_OF
 
 # The typed contents field of each datatype (FP16 has none: it travels raw only).
 CONTENTS = {
@@ -96,7 +96,7 @@ def _typed(tensor: pb.ModelInferRequest.InferInputTensor, shape: list[int], coun
     try:
         # From a list of Python numbers, so that a value out of the dtype's range raises: numpy reads
         # protobuf 7's repeated containers through the buffer protocol and would wrap 300 to 44 in INT8.
-        return np.array(list(values), dtype=numpy_of()[datatype]).reshape(shape)
+        return np.array(list(values), dtype=NUMPY_OF[datatype]).reshape(shape)
     except OverflowError as exc:
         raise InvalidInput(f"input '{name}': contents.{field} do not fit {datatype}: {exc}") from None
 
