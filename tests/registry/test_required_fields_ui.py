@@ -339,15 +339,20 @@ def test_every_page_is_in_the_table():
 def test_every_post_form_of_every_page_is_in_the_table(world):
     """Every POST form any page shows anyone is in FORMS, and every form in FORMS is on a page."""
     seen: dict[str, set[str]] = {}
+    scripted: set[str] = set()
     for name, page in PAGES.items():
         for who in page.viewers:
             html, at = render(browser(who), page.path(world))
-            for key in forms_on(html, at):
+            for key, submissions in forms_on(html, at).items():
                 seen.setdefault(key, set()).add(f"{name} as {who or 'nobody'}")
+                if any("js-only" in form.classes for form, _ in submissions):
+                    scripted.add(key)
     missing = {key: sorted(pages) for key, pages in seen.items() if key not in FORMS}
     assert not missing, f"add to FORMS how to submit these forms with only their required fields: {missing}"
     assert sorted(set(FORMS) - set(seen)) == [], "FORMS names forms no page shows"
     assert {key.split()[0] for key in seen} >= POST_ONLY
+    # A form only a script sends (class js-only) is sent as its script sends it, not as a plain form.
+    assert scripted == {key for key, submit in FORMS.items() if submit.scripted}
 
 
 @pytest.mark.parametrize("key", sorted(FORMS))
