@@ -25,6 +25,7 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY requirements ./requirements
 COPY modelyard ./modelyard
+COPY onnxkit ./onnxkit
 COPY registry ./registry
 COPY storage ./storage
 COPY inference ./inference

@@ -65,7 +65,7 @@ lint: $(TEST_DEPS)
 	$(BIN)/ruff format --check .
 
 typecheck: $(TEST_DEPS)
-	$(BIN)/mypy modelyard registry storage inference bench
+	$(BIN)/mypy modelyard onnxkit registry storage inference bench
 
 # The GPU variant in a fresh venv (no CUDA libraries, no GPU): exactly one ONNX Runtime, CUDA among its
 # providers, the fallback says why; then the CPU wheel over it, which start-up must refuse. pip's cache

@@ -2,11 +2,11 @@
 
     .venv/bin/python bench/derive.py [--model ../shared/models/minilm-l6/model.onnx] [--seconds 3]
 
-Each derived model is built by the registry's own derive code path (``registry.derive.derive_child``
-in the bounded child of ``registry.child_process``, as a derive job runs it; its accuracy delta is
+Each derived model is built by the registry's own derive code path (``onnxkit.derive.derive_child``
+in the bounded child of ``onnxkit.sandbox``, as a derive job runs it; its accuracy delta is
 the one stored on the version), then measured twice:
 
-- by the benchmark child the inference processes run (``registry.benchmark_child``, as a
+- by the benchmark child the inference processes run (``onnxkit.measure``, as a
   ``VersionBenchmark`` row records it, here not niced): load time, p50/p99 at batch 1, throughput
   at batch 32;
 - by raw ONNX Runtime in this process, same session options, same inputs: p50 at batch 1 and
@@ -36,8 +36,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from registry.child_process import ChildLimits, run_in_child  # noqa: E402
-from registry.derive import check_recipe  # noqa: E402
+from onnxkit.derive import check_recipe  # noqa: E402
+from onnxkit.sandbox import ChildLimits, run_in_child  # noqa: E402
 
 DEFAULT_MODEL = ROOT.parent / "shared" / "models" / "minilm-l6" / "model.onnx"
 RECIPES: list[tuple[str, str, dict[str, Any]]] = [
@@ -74,7 +74,7 @@ def derive(recipe: str, options: dict[str, Any], source: Path, out: Path) -> dic
         "signature": {},
     }
     started = time.perf_counter()
-    outcome = run_in_child("registry.derive:derive_child", request, limits("derivation", 900))
+    outcome = run_in_child("onnxkit.derive:derive_child", request, limits("derivation", 900))
     if not outcome.ok:
         raise SystemExit(f"{recipe}: {outcome.error}")
     assert outcome.reply is not None
@@ -90,7 +90,7 @@ def child_benchmark(model: Path, seconds: float) -> dict[str, Any]:
         "seconds": seconds,
     }
     # Not niced here (the inference processes nice it): on a shared machine a niced child measures the neighbours.
-    outcome = run_in_child("registry.benchmark_child:benchmark_child", request, limits("benchmark", 600))
+    outcome = run_in_child("onnxkit.measure:benchmark_child", request, limits("benchmark", 600))
     if not outcome.ok:
         raise SystemExit(f"benchmark of {model}: {outcome.error}")
     assert outcome.reply is not None

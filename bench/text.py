@@ -102,7 +102,7 @@ def raw_ort(model_dir: Path, feeds: dict[str, np.ndarray], duration: float) -> d
 
 def check_reference(port: int, model_dir: Path, reference: dict[str, Any]) -> dict[str, Any]:
     """The server's embeddings of the reference texts, sent three ways, against the reference."""
-    from registry.text_input import load_tokenizer
+    from onnxkit.tokenizer import load_tokenizer
 
     texts: list[str] = reference["texts"]
     expected = np.asarray(reference["sentence_embedding"], dtype=np.float32)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from django.db import DatabaseError, connection
 
 from inference.cache import ArtifactCache
+from onnxkit.sandbox import ChildOutcome
 from registry import serving
 
 logger = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class BenchmarkRunner:
         try:
             folder = self._cache.bundle(job.sha256, job.files)
         except Exception as exc:  # noqa: BLE001 - a storage outage or a corrupt artifact is this job's error
-            outcome = serving.ChildOutcome(error=f"the benchmark could not fetch the version's files: {exc}")
+            outcome = ChildOutcome(error=f"the benchmark could not fetch the version's files: {exc}")
         else:
             outcome = serving.benchmark_measure(
                 model_path=str(folder / job.model_file), provider=job.provider, max_batch_size=job.max_batch_size

@@ -21,7 +21,8 @@ import numpy as np
 import orjson
 
 from inference.errors import BodyTooLarge, InvalidInput, UnsupportedEncoding
-from registry.serving import NUMPY_OF, TEXT_INPUT, TOKENIZER_FILE
+from onnxkit.datatypes import NUMPY_OF
+from onnxkit.tokenizer import TEXT_INPUT, TOKENIZER_FILE
 
 HEADER_LENGTH = "inference-header-content-length"
 MAX_ELEMENTS = 1 << 31
@@ -54,7 +55,7 @@ class InferRequest:
 def can_batch(signature: dict[str, Any]) -> bool:
     """A model's requests can be merged when every input and output has a dynamic first dimension.
 
-    The same rule as ``registry.signatures.batch_dimension_problem``; whether they are merged is the
+    The same rule as ``onnxkit.signatures.batch_dimension_problem``; whether they are merged is the
     registry's decision (``VersionSpec.batching``: validation's check and the model's setting).
     """
     specs = signature.get("inputs", []) + signature.get("outputs", [])

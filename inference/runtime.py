@@ -46,6 +46,7 @@ from inference.sessions import (
 from inference.statistics import VersionStats
 from inference.text import TOKENIZER_FILE, TextEncoder
 from inference.traffic import Traffic
+from onnxkit.validation import synthetic_inputs
 from registry import serving
 from registry.serving import PRODUCTION, DesiredState, LoadedRow, LoadState, VersionSpec
 
@@ -291,7 +292,7 @@ def _warm_up(session: Any, spec: VersionSpec, samples: Path | None, runner: Fixe
         (runner or session).run(None, request.inputs)
         return
     try:
-        (runner or session).run(None, serving.synthetic_inputs(session))
+        (runner or session).run(None, synthetic_inputs(session))
     except Exception as exc:
         if not any(item["datatype"] == "BYTES" for item in spec.signature.get("inputs", [])):
             raise

@@ -37,7 +37,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 
 from inference.errors import runtime_detail
-from registry.serving import NUMPY_OF
+from onnxkit.datatypes import NUMPY_OF
 
 logger = logging.getLogger(__name__)
 

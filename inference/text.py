@@ -1,7 +1,7 @@
 """Text in: a loaded version's tokenizer, turning a request's ``text`` input into the model's token inputs.
 
 A version that validated with a ``tokenizer.json`` has a ``text`` entry in its signature
-(``registry/text_input.py``). When it loads, :meth:`TextEncoder.load` reads the tokenizer again.
+(``onnxkit/tokenizer.py``). When it loads, :meth:`TextEncoder.load` reads the tokenizer again.
 A request whose one input is ``text`` (BYTES, shape ``[n]`` or ``[n, 1]``) is tokenised here,
 truncated or refused past the token limit, and padded to a *bucket*: the next power of two of its
 longest text, at least ``MIN_BUCKET``, at most the limit, or the model's fixed sequence length when
@@ -24,7 +24,7 @@ import anyio
 import numpy as np
 
 from inference.errors import InvalidInput
-from registry.serving import TEXT_INPUT, TOKENIZER_FILE, TokenizerError, load_tokenizer, pad_encodings
+from onnxkit.tokenizer import TEXT_INPUT, TOKENIZER_FILE, TokenizerError, load_tokenizer, pad_encodings
 
 MIN_BUCKET = 8
 # Tokenising more text than this (in characters) moves to a worker thread, off the event loop.

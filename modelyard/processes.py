@@ -1,9 +1,9 @@
 """Stopping a child process together with everything it started.
 
-Validation runs its sandboxed child in a process group of its own (``registry/validation_process.py``),
-and the tests and ``bench/`` start servers and workers the same way; all of them stop those groups
-here. It lives in the installed package, which both the tests and the benchmark scripts import,
-and it imports only the standard library.
+The tests and ``bench/`` start servers and workers in process groups of their own, and stop those
+groups here. It lives in the installed package, which both the tests and the benchmark scripts
+import, and it imports only the standard library. (The sandbox, ``onnxkit/sandbox.py``, stops its
+children the same way with its own copy of these lines: ``onnxkit`` imports nothing of the project.)
 """
 
 from __future__ import annotations

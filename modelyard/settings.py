@@ -200,19 +200,19 @@ GC_GRACE_SECONDS = env_int("MODELYARD_GC_GRACE_SECONDS", 24 * 3600, minimum=0)
 # A validation whose worker stopped heartbeating for this long is taken over by another.
 VALIDATION_HEARTBEAT_SECONDS = env_float("MODELYARD_VALIDATION_HEARTBEAT_SECONDS", 5.0, minimum=0.1)
 VALIDATION_STALE_SECONDS = env_float("MODELYARD_VALIDATION_STALE_SECONDS", 30.0, minimum=0.5)
-# Validation runs in a child process that is stopped past either limit (registry/validation_process.py).
+# Validation runs in a child process that is stopped past either limit (onnxkit/sandbox.py).
 # The limit is on address space: the child needs about 200 MB of it to import numpy, onnx and ONNX
 # Runtime, and MiniLM-L6 (a 90 MB model) validates under 512 MB but not 448. The default leaves a
 # wide margin for real models; a hostile one can no longer take the server down.
 VALIDATION_TIMEOUT_SECONDS = env_float("MODELYARD_VALIDATION_TIMEOUT_SECONDS", 120.0, minimum=1.0)
 VALIDATION_MEMORY_MB = env_int("MODELYARD_VALIDATION_MEMORY_MB", 4096, minimum=256)
-# Text in (registry/text_input.py, inference/text.py): the largest tokenizer.json a version may carry,
+# Text in (onnxkit/tokenizer.py, inference/text.py): the largest tokenizer.json a version may carry,
 # checked at validation and again at load. Real ones are 0.5-20 MB (MiniLM's 0.47 MB, Llama 3's 9 MB).
 TOKENIZER_MAX_BYTES = env_int("MODELYARD_TOKENIZER_MAX_BYTES", 64 * 1024**2, minimum=1024)
 PROMOTION_TTL_SECONDS = env_int("MODELYARD_PROMOTION_TTL_SECONDS", 7 * 24 * 3600, minimum=1)
 VALIDATION_WORK_DIR = env_str("MODELYARD_WORK_DIR") or str(DATA_DIR / "work")
 # Derived versions are built, and versions benchmarked, in child processes under the same kind of
-# limits (registry/child_process.py). An fp16 or int8 conversion holds the model about three times.
+# limits (onnxkit/sandbox.py). An fp16 or int8 conversion holds the model about three times.
 DERIVE_TIMEOUT_SECONDS = env_float("MODELYARD_DERIVE_TIMEOUT_SECONDS", 900.0, minimum=1.0)
 DERIVE_MEMORY_MB = env_int("MODELYARD_DERIVE_MEMORY_MB", 8192, minimum=256)
 # A derive option that lists operators (op_block_list, op_types): how many names, and how long each. The

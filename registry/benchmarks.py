@@ -8,7 +8,7 @@ conditional update, so one row is taken once), measure the version in a child pr
 ``MODELYARD_BENCHMARK_TIMEOUT_SECONDS`` (and, on CPU, ``MODELYARD_BENCHMARK_MEMORY_MB``) at a low
 priority, and write the numbers back (``benchmark_record``).
 
-The measuring itself is ``registry/benchmark_child.py``: load time, p50/p99 latency at batch 1,
+The measuring itself is ``onnxkit/measure.py``: load time, p50/p99 latency at batch 1,
 throughput at batch 8 and 32 (or the model's ``max_batch_size``), and peak memory.
 """
 
@@ -21,8 +21,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from onnxkit.sandbox import CUDA_ENV, ChildLimits, ChildOutcome, run_in_child
 from registry.audit import Actor, audit_record
-from registry.child_process import ChildLimits, ChildOutcome, run_in_child
 from registry.errors import Conflict
 from registry.models import JobStatus, ModelVersion, VersionBenchmark, VersionStatus
 
@@ -149,6 +149,7 @@ def benchmark_limits(provider: str) -> ChildLimits:
         what="benchmark",
         nice=settings.BENCHMARK_NICE,
         threads=0,
+        inherit_env=CUDA_ENV,
     )
 
 
@@ -161,7 +162,7 @@ def benchmark_measure(*, model_path: str, provider: str, max_batch_size: int) ->
         "iterations": settings.BENCHMARK_ITERATIONS,
         "seconds": settings.BENCHMARK_SECONDS,
     }
-    return run_in_child("registry.benchmark_child:benchmark_child", request, benchmark_limits(provider))
+    return run_in_child("onnxkit.measure:benchmark_child", request, benchmark_limits(provider))
 
 
 def benchmarks_fail_lost(*, older_than: timedelta) -> list[int]:

@@ -12,7 +12,8 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
-from registry import derive, derive_tasks
+from onnxkit import derive
+from registry import derive_tasks
 from registry.audit import Actor, audit_record
 from registry.errors import Conflict, InvalidInput
 from registry.models import DeriveJob, ModelVersion, VersionStatus

@@ -15,13 +15,13 @@ from typing import Any
 from django.conf import settings
 from django.db import DatabaseError
 
+from onnxkit.sandbox import CUDA_ENV, ChildLimits, run_in_child
+from onnxkit.validation import SAMPLE_INPUTS, readable
 from registry import services
 from registry.audit import SYSTEM, Actor
-from registry.child_process import ChildLimits, run_in_child
 from registry.errors import RegistryError
 from registry.models import DeriveJob, FileRole
 from registry.uploads import LocalUpload, version_upload
-from registry.validation import SAMPLE_INPUTS, readable
 from registry.validation_job import fetch_version_files
 from storage import ObjectNotFound, StorageUnavailable
 
@@ -38,6 +38,7 @@ def derive_limits() -> ChildLimits:
         timeout_setting=TIMEOUT_SETTING,
         memory_setting=MEMORY_SETTING,
         what="derivation",
+        inherit_env=CUDA_ENV,
     )
 
 
@@ -84,7 +85,7 @@ def _run(job: DeriveJob) -> str:
             "samples_path": str(samples) if samples.is_file() else None,
             "signature": source.signature,
         }
-        outcome = run_in_child("registry.derive:derive_child", request, derive_limits())
+        outcome = run_in_child("onnxkit.derive:derive_child", request, derive_limits())
         if not outcome.ok:
             services.derive_fail(job_id=job.pk, error=outcome.error)
             return "failed"
@@ -113,6 +114,6 @@ def _run(job: DeriveJob) -> str:
 
 
 def _model_first(names: list[str]) -> list[str]:
-    from registry.derive import RESULT_NAME
+    from onnxkit.derive import RESULT_NAME
 
     return [RESULT_NAME, *[name for name in names if name != RESULT_NAME]]

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
 
-from registry.signatures import batch_dimension_problem
+from onnxkit.signatures import batch_dimension_problem
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 name_validator = RegexValidator(
@@ -156,13 +156,13 @@ class ModelVersion(models.Model):
     validation_attempts = models.PositiveIntegerField(default=0)
     validated_at = models.DateTimeField(null=True, blank=True)
     # A derived version (fp16, int8, ORT-optimised): the version it was built from, how (recipe, options,
-    # library versions), and how far its outputs moved from the parent's (registry/derive.py).
+    # library versions), and how far its outputs moved from the parent's (onnxkit/derive.py).
     derived_from = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="derived_versions"
     )
     recipe = models.JSONField(default=dict, blank=True)
     accuracy = models.JSONField(default=dict, blank=True)
-    # Whether concurrent requests may be merged along the first dimension (registry/validation.py), and why.
+    # Whether concurrent requests may be merged along the first dimension (onnxkit/validation.py), and why.
     batch_check = models.CharField(max_length=24, choices=BatchCheck.choices, default=BatchCheck.UNCHECKED)
     batch_note = models.TextField(blank=True, default="")
 

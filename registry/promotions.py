@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from onnxkit.signatures import signature_diff
 from registry import notify, webhooks
 from registry.audit import SYSTEM, Actor, audit_record
 from registry.auth import has_role
@@ -36,7 +37,6 @@ from registry.models import (
     VersionStatus,
     WebhookEvent,
 )
-from registry.signatures import signature_diff
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from django.utils import timezone
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
+from onnxkit.validation import ValidationResult
 from registry import webhooks
 from registry.audit import SYSTEM, Actor, audit_record
 from registry.auth import has_role
@@ -43,7 +44,6 @@ from registry.models import (
 )
 from registry.promotions import alias_create_defaults
 from registry.serving import fleet_providers
-from registry.validation import ValidationResult
 
 logger = logging.getLogger(__name__)
 

@@ -13,9 +13,11 @@ crosses the seam are typed, frozen rows, never ORM objects or dicts read back by
 - benchmarks: the providers the fleet serves with (:func:`fleet_providers`), and the jobs an
   inference process takes for its provider, measures in a bounded child and writes back
   (``benchmark_claim``, ``benchmark_measure``, ``benchmark_record`` from ``registry/benchmarks.py``);
-- and what the runtime borrows from the registry as it is: the datatype table, the synthetic
-  inputs of warm-up, the alias-change listener, and the reading of a version's ``tokenizer.json``
-  (``registry/text_input.py``, which validation uses too).
+- and the registry's own names the runtime reads the state with: the ``production`` alias, the
+  serving strategies, and the alias-change listener.
+
+What both planes need of ONNX itself (the datatype table, the tokenizer, warm-up inputs, the sandbox)
+is not here: ``inference/`` imports it from ``onnxkit`` directly.
 
 Everything here that touches the database blocks: the data plane calls it from worker threads.
 """
@@ -37,22 +39,14 @@ from django.utils import timezone
 from registry import clients, notify
 from registry.auth import authenticate_token, bearer_token, has_role, split_token
 from registry.benchmarks import SHARED_NOTE, BenchmarkJob, benchmark_claim, benchmark_measure, benchmark_record
-from registry.child_process import ChildOutcome
-from registry.datatypes import NUMPY_OF
 from registry.models import PRODUCTION, Alias, FileRole, InferenceWorker, Role, ServingStrategy, VersionStatus
-from registry.text_input import TEXT_INPUT, TOKENIZER_FILE, TokenizerError, load_tokenizer, pad_encodings
-from registry.validation import synthetic_inputs
 
 __all__ = [
-    "NUMPY_OF",
     "PRODUCTION",
     "SHARED_NOTE",
-    "TEXT_INPUT",
-    "TOKENIZER_FILE",
     "TRAFFIC_BUCKETS",
     "TRAFFIC_BUCKET_SECONDS",
     "BenchmarkJob",
-    "ChildOutcome",
     "DesiredState",
     "DeviceRow",
     "FleetWorker",
@@ -62,7 +56,6 @@ __all__ = [
     "LoadedRow",
     "ServedFile",
     "ServingStrategy",
-    "TokenizerError",
     "TrafficBucket",
     "VersionSpec",
     "WorkerReport",
@@ -78,10 +71,7 @@ __all__ = [
     "fleet_providers",
     "fleet_wait",
     "is_online",
-    "load_tokenizer",
     "offline_after",
-    "pad_encodings",
-    "synthetic_inputs",
     "token_inference_access",
     "token_may_infer",
     "token_shaped",

@@ -31,6 +31,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from modelyard.error_body import error_body
+from onnxkit.signatures import signature_compare
 from registry import promotions, selectors, services, serving
 from registry.api.errors import body_refusal, status_for
 from registry.api.multipart import MultipartUpload
@@ -57,7 +58,6 @@ from registry.models import (
     Role,
     VersionStatus,
 )
-from registry.signatures import signature_compare
 from registry.ui_charts import traffic_charts
 from registry.ui_errors import error_page
 from registry.ui_forms import (

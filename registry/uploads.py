@@ -36,6 +36,8 @@ from typing import Any, BinaryIO, Protocol
 from django.conf import settings
 from django.db import transaction
 
+from onnxkit.sniff import NotOnnx, OnnxSniffer
+from onnxkit.validation import runtime_limit_errors
 from registry import artifacts, metrics, services, tasks
 from registry.audit import Actor
 from registry.errors import (
@@ -50,8 +52,6 @@ from registry.errors import (
 )
 from registry.jsondoc import JSONRefused, check_json, load_json
 from registry.models import ModelVersion, RegisteredModel
-from registry.onnx_sniff import NotOnnx, OnnxSniffer
-from registry.validation import runtime_limit_errors
 from storage import ArtifactStorage, StorageError, StorageUnavailable, WriteResult, get_storage
 
 FILE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")

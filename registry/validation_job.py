@@ -16,10 +16,9 @@ from pathlib import Path
 from django.conf import settings
 from django.db import DatabaseError, connection
 
+from onnxkit.validation import ValidationResult, readable, validate_in_child
 from registry import services
 from registry.models import FileRole, ModelVersion
-from registry.validation import ValidationResult, readable
-from registry.validation_process import validate_in_child
 from storage import ObjectNotFound, StorageUnavailable, get_storage
 from storage.base import copy_stream
 

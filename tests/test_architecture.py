@@ -8,12 +8,15 @@ The graph has an edge for every import a module can execute, at module level or 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("modelyard", "registry", "storage", "inference")
+PACKAGES = ("modelyard", "onnxkit", "registry", "storage", "inference")
 
 
 def _module_name(path: Path) -> str:
@@ -188,3 +191,87 @@ def test_domain_errors_know_nothing_of_http():
     ]
     assert missing == []
     assert STATUS[errors.InvalidInput] == 400 and status_for(errors.UnsupportedModel("x")) == 400
+
+
+# --- The ground floor: onnxkit imports no Django and no other package of the project ----------------
+
+# Every top-level package of the repository that Python code could import, besides onnxkit itself.
+PROJECT = ("modelyard", "registry", "storage", "inference", "bench", "scripts", "tests")
+DJANGO = ("django", "rest_framework", "drf_spectacular", "celery")
+
+
+def every_import(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import in the file, at any depth, ``if TYPE_CHECKING:`` included.
+
+    ``from package import name`` counts as ``package.name``: it may import a module of that name.
+    A relative import stays inside its own package and is left out.
+    """
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module is not None:
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def test_the_import_walker_sees_every_form_of_import(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import django.conf, numpy\n"
+        "from registry import serving\n"
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from storage.base import ArtifactStorage\n"
+        "def later():\n"
+        "    from modelyard.metrics import exposition\n"
+        "from . import sibling\n"
+    )
+    assert every_import(sample) == [
+        (1, "django.conf"),
+        (1, "numpy"),
+        (2, "registry.serving"),
+        (3, "typing.TYPE_CHECKING"),
+        (5, "storage.base.ArtifactStorage"),
+        (7, "modelyard.metrics.exposition"),
+    ]
+
+
+def test_onnxkit_imports_no_django_and_no_other_project_package():
+    files = sorted((ROOT / "onnxkit").rglob("*.py"))
+    assert ROOT / "onnxkit" / "sandbox.py" in files
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in files
+        for line, module in every_import(path)
+        if module.split(".")[0] in (*PROJECT, *DJANGO)
+    ]
+    assert wrong == []
+    # The rule has something to hold: the walker does see onnxkit's imports of its own modules.
+    assert "onnxkit.sandbox.run_in_child" in {module for path in files for _, module in every_import(path)}
+
+
+def test_every_onnxkit_module_imports_with_django_and_the_project_unimportable():
+    modules = sorted(_module_name(path) for path in (ROOT / "onnxkit").rglob("*.py"))
+    code = (
+        "import importlib, sys\n"
+        f"for name in {(*PROJECT, *DJANGO)!r}:\n"
+        "    sys.modules[name] = None\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print('imported')\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "imported"
+
+
+def test_the_clients_datatype_table_is_onnxkits():
+    # The client keeps its own copy (it loads no ONNX); the two must name the same dtype for each datatype.
+    from modelyard.client.tensors import NUMPY_OF as CLIENT
+    from onnxkit.datatypes import NUMPY_OF as SERVER
+
+    assert list(CLIENT) == list(SERVER)
+    for datatype, dtype in SERVER.items():
+        assert CLIENT[datatype] is dtype, datatype

@@ -41,7 +41,7 @@ def _validation_children() -> list[int]:
         except OSError:
             continue
         parent = int(stat.rsplit(")", 1)[1].split()[1])
-        if parent == os.getpid() and b"registry.validation_process" in cmdline:
+        if parent == os.getpid() and b"onnxkit.validation:validate_child" in cmdline:
             found.append(int(entry.name))
     return found
 

@@ -10,13 +10,12 @@ typed otherwise, unless an output is FP16, which has no typed field: then every 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
-from inference.dataplane import InferResult
 from inference.errors import InvalidInput
 from inference.grpc import grpc_service_pb2 as pb
 from inference.protocol import (
@@ -31,7 +30,10 @@ from inference.protocol import (
     output_datatype,
     string_array,
 )
-from registry.serving import NUMPY_OF
+from onnxkit.datatypes import NUMPY_OF
+
+if TYPE_CHECKING:
+    from inference.dataplane import InferResult  # a type only: the codec loads no runtime, nor the ORM behind it
 
 # The typed contents field of each datatype (FP16 has none: it travels raw only).
 CONTENTS = {

@@ -8,7 +8,7 @@ import sys
 # Any import of these now raises ImportError.
 BLOCK = (
     "import sys\n"
-    "for name in ('django', 'celery', 'onnx', 'onnxruntime', 'registry', 'inference', 'storage'):\n"
+    "for name in ('django', 'celery', 'onnx', 'onnxruntime', 'onnxkit', 'registry', 'inference', 'storage'):\n"
     "    sys.modules[name] = None\n"
 )
 
@@ -21,7 +21,7 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
 def test_the_client_imports_with_the_server_code_unimportable():
     done = run_python(
         "import modelyard.client, modelyard.client.commands\n"
-        "server = ('django', 'celery', 'onnx', 'registry', 'inference', 'storage', 'modelyard.settings')\n"
+        "server = ('django', 'celery', 'onnx', 'onnxkit', 'registry', 'inference', 'storage', 'modelyard.settings')\n"
         "print(sorted(m for m, module in sys.modules.items() if module is not None and m.startswith(server)))\n"
     )
     assert done.returncode == 0, done.stderr

@@ -1,8 +1,15 @@
-"""The seam between the planes: ``inference/`` imports from ``registry`` only ``registry.serving``."""
+"""The seam between the planes: ``inference/`` imports from ``registry`` only ``registry.serving``.
+
+From the rest of the project it imports only the ground floor (``onnxkit``), ``storage`` and the
+Prometheus exposition (``modelyard.metrics``); and its wire format loads without Django settings.
+"""
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import inference
@@ -56,3 +63,57 @@ def test_the_rule_sees_every_form_of_import(tmp_path):
         (3, "registry.auth"),
         (5, "registry.validation"),
     ]
+
+
+# What ``inference`` may import from the project besides itself: a module is allowed when it is one of
+# these or inside one of these.
+ALLOWED_FROM_PROJECT = ("inference", "registry.serving", "onnxkit", "storage", "modelyard.metrics")
+PROJECT = ("inference", "registry", "onnxkit", "storage", "modelyard", "bench", "scripts", "tests")
+
+
+def project_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import of a project module, at any depth; ``from pkg import name`` is ``pkg.name``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] in PROJECT]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] in PROJECT:
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def _allowed(module: str) -> bool:
+    return any(module == allowed or module.startswith(f"{allowed}.") for allowed in ALLOWED_FROM_PROJECT)
+
+
+def test_inference_imports_from_the_project_only_the_seam_onnxkit_storage_and_metrics():
+    folder = Path(inference.__file__).parent
+    files = sorted(folder.glob("**/*.py"))
+    found = {(path, module) for path in files for _, module in project_imports(path)}
+    wrong = [
+        f"{path.relative_to(folder.parent)}:{line} imports {module}"
+        for path in files
+        for line, module in project_imports(path)
+        if not _allowed(module)
+    ]
+    assert wrong == []
+    # The rule has something to hold: the walker sees each allowed part used, and refuses its neighbours.
+    assert not _allowed("registry.models") and not _allowed("modelyard.settings") and not _allowed("storagex")
+    assert (folder / "app.py", "registry.serving") in found
+    assert (folder / "protocol.py", "onnxkit.datatypes.NUMPY_OF") in found
+    assert (folder / "cache.py", "storage.get_storage") in found
+    assert (folder / "metrics.py", "modelyard.metrics") in found
+
+
+def test_the_wire_format_and_the_batcher_import_without_django_settings():
+    code = (
+        "import sys\n"
+        "import inference.protocol, inference.batcher, inference.grpc.codec\n"
+        "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'registry', 'storage', 'modelyard'))\n"
+        "print(loaded)\n"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    root = Path(inference.__file__).parent.parent
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"  # nothing of Django, the registry's ORM, storage or the settings

@@ -356,7 +356,7 @@ def test_grpc_takes_text_as_bytes_contents_and_as_raw_input_contents(owner, appr
 
 
 def test_losing_the_text_input_breaks_clients_and_gaining_it_does_not(owner):
-    from registry.signatures import signature_compare, signature_diff
+    from onnxkit.signatures import signature_compare, signature_diff
 
     create_model(owner)
     with_text = upload_text_version(owner)["signature"]

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from registry.validation import validate_bundle
-from registry.validation_process import validate_in_child
+from onnxkit.validation import validate_bundle, validate_in_child
 from tests.support.onnx_models import add_model, first_dim_model, fixed_add_model, mlp_model, string_parsing_model
 from tests.support.text_models import text_model_bytes, tiny_tokenizer_json
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from onnxkit.sandbox import ChildOutcome
 from registry import serving
 from registry.models import AuditEvent, DeriveJob, JobStatus, ModelVersion, PromotionRequest, Role, VersionStatus
 from tests.support.onnx_models import classifier_model
@@ -52,7 +53,7 @@ def record_benchmark(version: ModelVersion, *, throughput32: float, p99_ms: floa
         "load_seconds": 0.1,
         "peak_rss_bytes": 200 * 2**20,
     }
-    serving.benchmark_record(benchmark_id=job.benchmark_id, outcome=serving.ChildOutcome(reply=numbers))
+    serving.benchmark_record(benchmark_id=job.benchmark_id, outcome=ChildOutcome(reply=numbers))
 
 
 def upload_v1(mia: Person) -> ModelVersion:

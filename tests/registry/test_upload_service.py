@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 import pytest
 from django.test import TestCase
 
+from onnxkit.validation import runtime_limits
 from registry import tasks
 from registry.errors import (
     FormTooLarge,
@@ -26,7 +27,6 @@ from registry.errors import (
 )
 from registry.models import AuditEvent, ModelFile, ModelVersion, RegisteredModel, VersionStatus
 from registry.uploads import LocalUpload, version_upload
-from registry.validation import runtime_limits
 from storage import get_storage
 from storage.base import CHUNK_SIZE
 from tests.support.onnx_models import add_model_bytes

@@ -1,6 +1,6 @@
 """Hostile models: validation stops at its time and memory limits, and the serving process never grows.
 
-Validation runs in a child process (``registry/validation_process.py``). Each test sets a small limit
+Validation runs in a child process (``onnxkit/sandbox.py``). Each test sets a small limit
 and uploads a tiny model that would loop or allocate without one; the version must end ``failed``
 with an error naming the limit, while the upload itself answers 201 and keeps its files.
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from onnx import TensorProto, helper
 
+from onnxkit.validation import validate_in_child
 from registry.models import AuditEvent, ModelVersion, VersionStatus
-from registry.validation_process import validate_in_child
 from storage import get_storage
 from tests.support.onnx_models import (
     add_model_bytes,

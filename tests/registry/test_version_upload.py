@@ -164,7 +164,7 @@ def test_empty_optional_fields_mean_none(owner, registered, blank):
 
 
 def test_ir_version_newer_than_runtime_is_refused_outright(owner, registered):
-    from registry.validation import runtime_limits
+    from onnxkit.validation import runtime_limits
 
     limits = runtime_limits()
     too_new = limits.max_ir_version + 1
@@ -180,7 +180,7 @@ def test_ir_version_newer_than_runtime_is_refused_outright(owner, registered):
 
 
 def test_opset_newer_than_runtime_is_refused_outright(owner, registered):
-    from registry.validation import runtime_limits
+    from onnxkit.validation import runtime_limits
 
     limits = runtime_limits()
     response = owner.upload(registered, [("model.onnx", add_model_bytes(opset=limits.max_opset + 1))])

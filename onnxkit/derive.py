@@ -1,8 +1,8 @@
 """The recipes that build a derived version, and the accuracy delta against its parent.
 
 :func:`check_recipe` runs in the web process (a bad recipe or option is a 400 before anything is
-queued). :func:`derive_child` runs in the bounded child (``registry/child_process.py``), started by
-``registry/derive_job.py``: it converts the parent's ``.onnx`` file, then runs parent and result on
+queued). :func:`derive_child` runs in the bounded child (``onnxkit/sandbox.py``), started by the
+registry's derive job: it converts the parent's ``.onnx`` file, then runs parent and result on
 the same inputs and measures how far each output moved.
 
 - ``fp16``: ``onnxconverter_common.float16.convert_float_to_float16(keep_io_types=True)``: float16
@@ -265,8 +265,8 @@ def _ort_optimized(options: dict[str, Any], source: Path, target: Path) -> None:
 
 def feeds_for(session: Any, samples: Path | None, signature: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The version's ``sample_inputs.json`` when it has one, synthetic inputs otherwise; and which it was."""
-    from registry.datatypes import random_feeds
-    from registry.validation import sample_inputs
+    from onnxkit.datatypes import random_feeds
+    from onnxkit.validation import sample_inputs
 
     if samples is not None and samples.is_file():
         return sample_inputs(samples.read_bytes(), signature), "sample_inputs.json"

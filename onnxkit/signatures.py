@@ -14,7 +14,7 @@ def _by_name(specs: list[Spec]) -> dict[str, Spec]:
 
 
 def _specs(signature: dict[str, Any], key: str) -> list[Spec]:
-    """Inputs or outputs; the inputs end with ``text`` when the version has a tokenizer (``registry/text_input.py``)."""
+    """Inputs or outputs; the inputs end with ``text`` when the version has a tokenizer (``onnxkit/tokenizer.py``)."""
     specs = list(signature.get(key, []))
     text = signature.get("text")
     if key == "inputs" and text is not None:

@@ -9,9 +9,9 @@ whether concurrent requests may be merged along the first dimension, as the /v2 
 runs two different samples together and each alone, and compares (:func:`check_batching`). A model
 whose first dimension is not a batch (a softmax over it, a sequence) answers differently run
 together, and is then served without merging. ``validate_bundle``
-runs inside the child process of ``registry.validation_process``, under its time and memory
-limits: a hostile model can make the checker, shape inference or ONNX Runtime allocate or loop
-without bound, and only a separate process can be stopped safely.
+runs in the bounded child of ``onnxkit.sandbox`` (:func:`validate_in_child`), under its time and
+memory limits: a hostile model can make the checker, shape inference or ONNX Runtime allocate or
+loop without bound, and only a separate process can be stopped safely.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,9 +31,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from registry.datatypes import NUMPY_OF, ONNX_TO_PROTOCOL, numpy_of_ort_type
-from registry.signatures import batch_dimension_problem
-from registry.text_input import TOKENIZER_FILE, TokenizerError, load_tokenizer, pad_encodings, text_signature
+from onnxkit.datatypes import NUMPY_OF, ONNX_TO_PROTOCOL, numpy_of_ort_type
+from onnxkit.sandbox import ChildFailure, ChildLimits, mentions_allocation_failure, run_in_child
+from onnxkit.signatures import batch_dimension_problem
+from onnxkit.tokenizer import TOKENIZER_FILE, TokenizerError, load_tokenizer, pad_encodings, text_signature
 
 # An extra of the upload: inputs for the test run, as a /v2 JSON inference request.
 SAMPLE_INPUTS = "sample_inputs.json"
@@ -162,23 +164,6 @@ def _message(exc: BaseException) -> str:
     if "] : " in text and text.startswith("[ONNXRuntimeError]"):
         text = text.split("] : ", 1)[1]
     return readable(text)
-
-
-# How libraries say that an allocation failed. Inside the validation child this is its memory limit
-# being hit, and is reported as such rather than as a defect of the model.
-ALLOCATION_FAILURES = (
-    "memoryerror",
-    "bad_alloc",
-    "bad allocation",
-    "failed to allocate memory",
-    "cannot allocate memory",
-    "failed to map segment",  # the dynamic loader, when a library does not fit under the limit
-)
-
-
-def mentions_allocation_failure(text: str) -> bool:
-    lowered = text.lower()
-    return any(marker in lowered for marker in ALLOCATION_FAILURES)
 
 
 def out_of_memory(exc: BaseException) -> bool:
@@ -742,3 +727,104 @@ def _size(size: int) -> str:
         value /= 1024
         units.pop(0)
     return f"{value:,.1f} {units[0]}"
+
+
+# --- In the sandbox ---------------------------------------------------------------------------------
+
+TIMEOUT_SETTING = "MODELYARD_VALIDATION_TIMEOUT_SECONDS"
+MEMORY_SETTING = "MODELYARD_VALIDATION_MEMORY_MB"
+
+
+def validate_in_child(
+    model_path: Path,
+    file_names: set[str],
+    *,
+    timeout_seconds: float,
+    memory_mb: int,
+    tokenizer_max_bytes: int = 64 * 2**20,
+) -> ValidationResult:
+    """Run ``validate_bundle`` on ``model_path`` in the sandbox under the two limits; never raises for the model.
+
+    Whatever happens to the child, the result's errors name what stopped it and the setting to change.
+    """
+    limits = ChildLimits(
+        timeout_seconds=timeout_seconds,
+        memory_mb=memory_mb,
+        timeout_setting=TIMEOUT_SETTING,
+        memory_setting=MEMORY_SETTING,
+        what="validation",
+    )
+    request = {
+        "model_path": str(model_path),
+        "file_names": sorted(file_names),
+        "memory_mb": memory_mb,
+        "timeout_seconds": timeout_seconds,
+        "tokenizer_max_bytes": tokenizer_max_bytes,
+    }
+    outcome = run_in_child("onnxkit.validation:validate_child", request, limits)
+    if outcome.reply is not None:
+        return _result_from_json(outcome.reply)
+    assert outcome.failure is not None
+    return ValidationResult(errors=[_stopped(outcome.failure, limits)])
+
+
+def _stopped(failure: ChildFailure, limits: ChildLimits) -> str:
+    """Validation's own words for what stopped its child."""
+    where, memory_mb, timeout_seconds = failure.where, limits.memory_mb, limits.timeout_seconds
+    if failure.kind == "timeout":
+        return f"validation stopped after {timeout_seconds:g} s ({TIMEOUT_SETTING}){where}"
+    if failure.kind == "memory":
+        return f"validation stopped: it needed more than {memory_mb} MB of memory ({MEMORY_SETTING}){where}"
+    if failure.kind == "error":
+        return f"validation could not finish{where}: {failure.detail}"
+    if failure.returncode == -signal.SIGKILL:
+        # Not the sandbox's kill (that is the timeout above): the kernel's OOM killer, when the machine
+        # has less memory to spare than the limit allows.
+        return (
+            f"validation stopped{where}: its process was killed (SIGKILL), most likely because the machine ran "
+            f"out of memory before the limit of {memory_mb} MB ({MEMORY_SETTING}) was reached; lower that limit"
+        )
+    last = f": {failure.last_line}" if failure.last_line else ""
+    return (
+        f"validation stopped{where}: its process {failure.how}{last} "
+        f"(limits: {memory_mb} MB, {MEMORY_SETTING}; {timeout_seconds:g} s, {TIMEOUT_SETTING})"
+    )
+
+
+def _result_from_json(data: dict[str, Any]) -> ValidationResult:
+    return ValidationResult(
+        errors=[str(item) for item in data["errors"]],
+        warnings=[str(item) for item in data["warnings"]],
+        signature=data["signature"],
+        ir_version=data["ir_version"],
+        opset=data["opset"],
+        producer=data["producer"],
+        external_data_files=set(data["external_data_files"]),
+        batch_check=str(data.get("batch_check", "unchecked")),
+        batch_note=str(data.get("batch_note", "")),
+    )
+
+
+def validate_child(request: dict[str, Any], on_step: Callable[[str], None]) -> dict[str, Any]:
+    """In the child: validate the bundle, and reply with the result as JSON."""
+    import onnxruntime  # noqa: F401 - before the first step, so a limit too small for it fails "while starting"
+
+    result = validate_bundle(
+        Path(request["model_path"]),
+        set(request["file_names"]),
+        memory_limit_bytes=int(request["memory_mb"]) * 2**20,
+        tokenizer_max_bytes=int(request["tokenizer_max_bytes"]),
+        time_limit_seconds=float(request["timeout_seconds"]),
+        on_step=on_step,
+    )
+    return {
+        "errors": result.errors,
+        "warnings": result.warnings,
+        "signature": result.signature,
+        "ir_version": result.ir_version,
+        "opset": result.opset,
+        "producer": result.producer,
+        "external_data_files": sorted(result.external_data_files),
+        "batch_check": result.batch_check,
+        "batch_note": result.batch_note,
+    }

@@ -1,4 +1,4 @@
-"""The measuring half of a benchmark, run in the bounded child (``registry/child_process.py``).
+"""The measuring half of a benchmark, run in the bounded child (``onnxkit/sandbox.py``).
 
 Loads the model (timed), warms it up, times batch-1 latency (p50, p99) and batched throughput at
 batch 8 and 32 (or the model's ``max_batch_size``), and reads peak memory: the child's RSS, and on
@@ -17,7 +17,7 @@ SEQUENCE = 32
 
 
 def _feeds(session: Any, batch: int) -> dict[str, Any]:
-    from registry.datatypes import random_feeds
+    from onnxkit.datatypes import random_feeds
 
     return random_feeds(session, batch=batch, other=SEQUENCE)
 
