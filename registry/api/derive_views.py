@@ -12,6 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry import benchmarks, derivations, selectors, serving
+from registry.api.serializers import FormJSONField
 from registry.api.views import _get_version
 from registry.audit import actor_from_request
 from registry.models import DeriveJob, VersionBenchmark
@@ -63,8 +64,8 @@ class BenchmarkSerializer(serializers.ModelSerializer[VersionBenchmark]):
 
 class DeriveInput(serializers.Serializer[Any]):
     # Checked by the service, which names the recipes and options it knows.
-    recipe = serializers.JSONField()
-    options = serializers.JSONField(required=False, default=dict)
+    recipe = FormJSONField()
+    options = FormJSONField(required=False, default=dict)
 
 
 class VersionDerive(APIView):
