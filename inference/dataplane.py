@@ -141,7 +141,7 @@ class DataPlane:
 
     def __init__(self, runtime: InferenceRuntime, *, tokens: TokenCache | None = None) -> None:
         self.runtime = runtime
-        self.tokens = tokens or TokenCache()
+        self.tokens = tokens if tokens is not None else TokenCache()
         self._throttle: Throttle | None = None
 
     # --- refusals before a request body is read ----------------------------------------------------

@@ -559,3 +559,12 @@ def test_a_loaded_version_owns_its_batcher_until_it_is_released(plane, runtime, 
     eventually(lambda: not any(t.is_alive() for t in threads), what="v1's ONNX Runtime thread is still alive")
     # v2 has taken no request yet: no queue to report.
     assert list(plane.queue_depths()) == []
+
+
+def test_a_token_cache_given_to_the_data_plane_is_the_one_it_uses(make_runtime):
+    from inference.auth import TokenCache
+
+    # An empty cache is falsy (it has a length); it must still be taken, with its own TTL.
+    short = TokenCache(ttl=0.5)
+    assert len(short) == 0
+    assert DataPlane(make_runtime("bare"), tokens=short).tokens is short
