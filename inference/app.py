@@ -5,7 +5,9 @@ the model repository's index; ``inference/grpc/`` serves the same data plane ove
 
 A bare Starlette app over :class:`inference.dataplane.DataPlane`. Each endpoint decodes the HTTP
 request, calls the data plane and encodes its answer; every refusal is a domain error of
-``inference.errors``, turned into a status by the one table below. ``{m}`` alone means the
+``inference.errors``, turned into a status by its one table (``inference.errors.HTTP_STATUS``). An
+inference request is let in (or refused) by :meth:`DataPlane.admit` before its body is read, and
+counted in the metrics through the :class:`Admission` it returns. ``{m}`` alone means the
 ``production`` alias; ``{v}`` is a version number or the name of a served alias.
 """
 
@@ -14,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,25 +27,16 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from inference import metrics
-from inference.dataplane import OUT_OF_MEMORY, DataPlane
+from inference.dataplane import OUT_OF_MEMORY, Admission, DataPlane
 from inference.errors import (
     BodyTimeout,
-    BodyTooLarge,
     ClientGone,
-    DeviceFailed,
-    Forbidden,
     InferenceError,
-    InferenceFailed,
     InvalidInput,
-    ModelNotFound,
-    ModelNotReady,
     OutOfMemory,
-    Overloaded,
     RateLimited,
-    RepositoryReadOnly,
-    RequestTimeout,
     Unauthorised,
-    UnsupportedEncoding,
+    http_status,
 )
 from inference.protocol import (
     HEADER_LENGTH,
@@ -54,39 +46,15 @@ from inference.protocol import (
     decode_request,
     encode_response,
 )
-from inference.runtime import InferenceRuntime, LoadedVersion
+from inference.runtime import InferenceRuntime
 from modelyard import metrics as exposition
 from registry import serving
 
-__all__ = ["OUT_OF_MEMORY", "STATUS", "build_app", "error_response", "http_status", "read_body"]
+__all__ = ["OUT_OF_MEMORY", "build_app", "error_response", "read_body"]
 
 logger = logging.getLogger(__name__)
 
-# Each domain error's HTTP status, and whether the answer says when to retry (Retry-After).
-STATUS: dict[type[InferenceError], tuple[int, bool]] = {
-    InvalidInput: (400, False),
-    InferenceFailed: (400, False),
-    RepositoryReadOnly: (400, False),
-    Unauthorised: (401, False),
-    Forbidden: (403, False),
-    ModelNotFound: (404, False),
-    BodyTimeout: (408, False),
-    BodyTooLarge: (413, False),
-    UnsupportedEncoding: (415, False),
-    RateLimited: (429, True),
-    ClientGone: (499, False),
-    ModelNotReady: (503, True),
-    Overloaded: (503, True),
-    OutOfMemory: (503, True),
-    DeviceFailed: (500, False),
-    RequestTimeout: (504, False),
-}
 METRICS_NEEDS_TOKEN = exposition.NEEDS_TOKEN  # the web role's /metrics says the same
-
-
-def http_status(exc: InferenceError) -> tuple[int, bool]:
-    """The domain error's HTTP status and whether to say when to retry (its nearest class in ``STATUS``)."""
-    return next(STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS)
 
 
 def error_response(exc: InferenceError, *, close: bool = False) -> Response:
@@ -107,10 +75,12 @@ def error_response(exc: InferenceError, *, close: bool = False) -> Response:
 
 
 def bearer(request: Request) -> str:
+    """The request's bearer token, or ""."""
     return serving.bearer_token(request.headers.get("authorization", "")) or ""
 
 
 def client_address(request: Request) -> str:
+    """The client's address: the peer's, or the one a trusted proxy forwarded (``serving.caller_address``)."""
     client = request.scope.get("client")  # not request.client, which builds an object on every call
     return serving.caller_address(client[0] if client else "", request.headers.get("x-forwarded-for", ""))
 
@@ -180,37 +150,29 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
     # --- inference -----------------------------------------------------------------------------
 
     async def infer(request: Request) -> Response:
-        started = time.perf_counter()
-        answered: list[LoadedVersion] = []  # the version that took the request, once routed
+        params = request.path_params
+        model, ref = params["model"], params.get("version")
+        try:  # everything that can refuse the request does so before its body is read
+            admitted = await plane.admit(model, ref, request, token=bearer, address=client_address)
+        except InferenceError as exc:
+            return error_response(exc, close=True)  # counted by the admission
         try:
-            response = await _infer(request, answered)
+            response = await _answer(request, model, ref, admitted)
         except MemoryError:
             response = error_response(OutOfMemory(OUT_OF_MEMORY))
         except RecursionError:  # e.g. an error message that quotes a deeply nested value
             response = error_response(InvalidInput(NESTED_TOO_DEEPLY))
-        # Labels are bounded: a loaded version's own, else a model this process serves, else "_unknown".
-        counted = (
-            answered[0].metrics if answered else metrics.unrouted(plane.metrics_model(request.path_params["model"]))
-        )
-        counted.answered(response.status_code, time.perf_counter() - started)
+        admitted.answered(response.status_code)
         return response
 
-    async def _infer(request: Request, answered: list[LoadedVersion]) -> Response:
-        model, ref = request.path_params["model"], request.path_params.get("version")
-        try:  # everything that can refuse the request does so before its body is read
-            token = bearer(request) if plane.needs_token else ""
-            await plane.authorise(token)
-            if settings.V2_RATE is not None:  # the address costs a parse; only a rate limit needs it
-                plane.throttle(token=token, address=client_address(request))
-            served = plane.resolve(model, ref)
-            answered.append(served)
-            body = await read_body(request, plane.body_limit(served))
+    async def _answer(request: Request, model: str, ref: str | None, admitted: Admission) -> Response:
+        try:
+            body = await read_body(request, admitted.body_limit)
         except InferenceError as exc:
             return error_response(exc, close=True)
         try:
-            decoded = decode_request(
-                body, request.headers.get(HEADER_LENGTH), served.spec.signature, model=served.spec.model
-            )
+            spec = admitted.loaded.spec
+            decoded = decode_request(body, request.headers.get(HEADER_LENGTH), spec.signature, model=spec.model)
             result = await plane.infer(model, ref, decoded, client_gone=_client_gone(request))
         except InferenceError as exc:
             return error_response(exc)

@@ -6,20 +6,22 @@ request. It takes decoded requests and returns plain results; when it cannot ans
 error of ``inference.errors``. The REST endpoints of ``inference/app.py`` are a few lines each
 around it (decode, call, encode), and a gRPC server calls the same methods.
 
-What a transport must refuse before it reads a request body (the token, the rate limit, the
-model, the body limit) is here too, as separate methods, so that every transport refuses the same
-way and in the same order. So are Triton's extensions that both transports serve: statistics
-(counted per loaded version, ``inference/statistics.py``), classification
-(``inference/classification.py``) and the model repository's index.
+What a transport must refuse before it reads an inference request's body is here too, in one
+place: :meth:`DataPlane.admit` checks the token, the rate limit and the route, sets the body limit,
+and counts the request's outcome in the metrics (:class:`Admission`), so that every transport
+refuses the same way, in the same order, and is counted under the same labels. So are Triton's
+extensions that both transports serve: statistics (counted per loaded version,
+``inference/statistics.py``), classification (``inference/classification.py``) and the model
+repository's index.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import anyio
 import numpy as np
@@ -35,15 +37,18 @@ from inference.errors import (
     InvalidInput,
     ModelNotFound,
     ModelNotReady,
+    OutOfMemory,
     Overloaded,
     RateLimited,
     RepositoryReadOnly,
     RequestTimeout,
     Unauthorised,
+    outcome_status,
     run_failure,
 )
-from inference.protocol import BodyLimit, InferRequest
-from inference.runtime import InferenceRuntime, LoadedVersion, NotLoaded
+from inference.loaded import LoadedVersion, NotLoaded
+from inference.protocol import BodyLimit, InferRequest, InferResult
+from inference.runtime import InferenceRuntime
 from inference.sessions import GPU_PROVIDERS
 from inference.text import TEXT_INPUT
 from inference.throttle import Throttle, retry_after
@@ -70,13 +75,26 @@ ATTEMPTS = 3  # routes taken in turn when a version is swapped out between resol
 
 _TRITON_TYPES = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL"}
 
+Call = TypeVar("Call")  # what a transport hands :meth:`DataPlane.admit`: an HTTP request, a gRPC call's context
 
-class InferResult(NamedTuple):
-    """The outputs of one request, by name, and the version that computed them."""
 
-    model: str
-    version: str
-    outputs: dict[str, np.ndarray]
+class Admission:
+    """An inference request let in before its body was read: the version it routes to and its body limit.
+
+    It counts the request once, when the transport knows how it ended (:meth:`answered`), under that
+    version's labels and the time since :meth:`DataPlane.admit` began.
+    """
+
+    __slots__ = ("body_limit", "loaded", "started")
+
+    def __init__(self, loaded: LoadedVersion, body_limit: BodyLimit, started: float) -> None:
+        self.loaded = loaded
+        self.body_limit = body_limit
+        self.started = started
+
+    def answered(self, status: int) -> None:
+        """Count the request as answered with the HTTP ``status`` (a gRPC call: the status of its outcome over REST)."""
+        self.loaded.metrics.answered(status, time.perf_counter() - self.started)
 
 
 def _server_version() -> str:
@@ -105,6 +123,14 @@ def served_inputs(signature: dict[str, Any]) -> list[dict[str, Any]]:
     return inputs
 
 
+def _judge(access: InferenceAccess) -> None:
+    """:class:`Unauthorised` for a refused token, :class:`Forbidden` for one without the inference role."""
+    if access is InferenceAccess.REFUSED:
+        raise Unauthorised(NEEDS_TOKEN)
+    if access is InferenceAccess.NO_ROLE:
+        raise Forbidden(NEEDS_ROLE)
+
+
 def _discard(awaitable: Coroutine[Any, Any, object] | None) -> None:
     if awaitable is not None:
         awaitable.close()  # never started: close it, so that it is not reported as never awaited
@@ -115,7 +141,7 @@ class DataPlane:
 
     def __init__(self, runtime: InferenceRuntime, *, tokens: TokenCache | None = None) -> None:
         self.runtime = runtime
-        self.tokens = tokens or TokenCache()
+        self.tokens = tokens if tokens is not None else TokenCache()
         self._throttle: Throttle | None = None
 
     # --- refusals before a request body is read ----------------------------------------------------
@@ -142,11 +168,52 @@ class DataPlane:
         """Unless /v2 is public: :class:`Unauthorised` without a valid token, :class:`Forbidden` without the role."""
         if settings.INFERENCE_PUBLIC:
             return
-        access = await self.token_access(token)
-        if access is InferenceAccess.REFUSED:
-            raise Unauthorised(NEEDS_TOKEN)
-        if access is InferenceAccess.NO_ROLE:
-            raise Forbidden(NEEDS_ROLE)
+        _judge(await self.token_access(token))
+
+    async def admit(
+        self,
+        model: str,
+        ref: str | None,
+        call: Call,
+        *,
+        token: Callable[[Call], str],
+        address: Callable[[Call], str],
+    ) -> Admission:
+        """Let an inference request for ``model``/``ref`` in, or refuse it, before anything of its body is read.
+
+        In this order: the token (:meth:`authorise`; ``token(call)`` reads it, only when /v2 is not
+        public), the rate limit (:meth:`throttle`; ``address(call)`` is the client's address, read
+        only when a limit is set), the route (:meth:`resolve`), and the body limit (:meth:`body_limit`).
+        A refusal raises its domain error and is counted at once, under the model's name when this
+        process serves it, else ``_unknown`` (labels stay bounded); an admitted request is counted
+        by the transport through :meth:`Admission.answered`. Running out of memory is refused as
+        :class:`OutOfMemory`.
+        """
+        started = time.perf_counter()
+        try:
+            if settings.INFERENCE_PUBLIC:
+                raw = ""
+            else:
+                raw = token(call)
+                # The verdict of a token seen in the last seconds is in memory: no thread, no await.
+                access = self.tokens.cached(raw) if raw else InferenceAccess.REFUSED
+                if access is None:
+                    access = await anyio.to_thread.run_sync(self.tokens.check, raw)
+                _judge(access)
+            if settings.V2_RATE is not None:  # the address costs a parse; only a rate limit needs it
+                self.throttle(token=raw, address=address(call))
+            loaded = self.resolve(model, ref)
+            return Admission(loaded, self.body_limit(loaded), started)
+        except MemoryError:
+            refusal = OutOfMemory(OUT_OF_MEMORY)
+            self._refused(model, refusal, started)
+            raise refusal from None
+        except BaseException as exc:
+            self._refused(model, exc, started)
+            raise
+
+    def _refused(self, model: str, exc: BaseException, started: float) -> None:
+        metrics.unrouted(self.metrics_model(model)).answered(outcome_status(exc), time.perf_counter() - started)
 
     def throttle(self, *, token: str, address: str) -> None:
         """Take one request from the client's bucket (``MODELYARD_V2_RATE``, read per request so it can change).

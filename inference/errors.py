@@ -1,11 +1,15 @@
-"""What can go wrong with one inference request, in words, with no transport in them.
+"""What can go wrong with one inference request, in words, and the HTTP status of each.
 
 The data plane, the codec and the batcher raise these; each transport maps them to its own
-answer in one table (``inference/app.py`` to HTTP statuses; the gRPC server to status codes).
-A message is safe to show the client and names what was wrong, and the limit where one was hit.
+answer in one table: :data:`HTTP_STATUS` here (the /v2 REST endpoints answer with it, and the
+metrics of both transports count every outcome by it), ``STATUS`` in ``inference/grpc/server.py``
+for gRPC's status codes. A message is safe to show the client and names what was wrong, and the
+limit where one was hit.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 
 class InferenceError(Exception):
@@ -141,3 +145,42 @@ def run_failure(exc: BaseException, out_of_memory: str) -> InferenceError:
             f"the device failed while running the model, not because of the request: {runtime_detail(exc)}"
         )
     return InferenceFailed(f"inference failed: {exc}")
+
+
+# Each domain error's HTTP status, and whether the answer says when to retry (Retry-After).
+HTTP_STATUS: dict[type[InferenceError], tuple[int, bool]] = {
+    InvalidInput: (400, False),
+    InferenceFailed: (400, False),
+    RepositoryReadOnly: (400, False),
+    Unauthorised: (401, False),
+    Forbidden: (403, False),
+    ModelNotFound: (404, False),
+    BodyTimeout: (408, False),
+    BodyTooLarge: (413, False),
+    UnsupportedEncoding: (415, False),
+    RateLimited: (429, True),
+    ClientGone: (499, False),
+    ModelNotReady: (503, True),
+    Overloaded: (503, True),
+    OutOfMemory: (503, True),
+    DeviceFailed: (500, False),
+    RequestTimeout: (504, False),
+}
+
+
+def http_status(exc: InferenceError) -> tuple[int, bool]:
+    """The domain error's HTTP status and whether to say when to retry (its nearest class in :data:`HTTP_STATUS`)."""
+    return next(HTTP_STATUS[cls] for cls in type(exc).__mro__ if cls in HTTP_STATUS)
+
+
+def outcome_status(exc: BaseException) -> int:
+    """The HTTP status a request that ended in ``exc`` is counted under, whatever its transport.
+
+    A domain error's own; a cancelled call is a client that went away (HTTP's 499); anything else
+    is the server's failure (500).
+    """
+    if isinstance(exc, InferenceError):
+        return http_status(exc)[0]
+    if isinstance(exc, asyncio.CancelledError):
+        return 499
+    return 500

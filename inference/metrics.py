@@ -135,7 +135,7 @@ def unrouted(model: str) -> VersionMetrics:
 
 
 class _Loaded(Protocol):
-    """What a routing table holds, as far as swaps are counted (``inference.runtime.LoadedVersion``)."""
+    """What a routing table holds, as far as swaps are counted (``inference.loaded.LoadedVersion``)."""
 
     @property
     def version_label(self) -> str: ...

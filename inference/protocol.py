@@ -15,7 +15,7 @@ import struct
 import zlib
 from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -50,6 +50,14 @@ class InferRequest:
     priority: int = 0
     timeout_us: int | None = None
     classification: dict[str, int] = field(default_factory=dict)  # output name -> top N (the extension)
+
+
+class InferResult(NamedTuple):
+    """The outputs of one request, by name, and the version that computed them (what the data plane answers)."""
+
+    model: str
+    version: str
+    outputs: dict[str, np.ndarray]
 
 
 def can_batch(signature: dict[str, Any]) -> bool:

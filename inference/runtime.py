@@ -1,253 +1,40 @@
-"""The model runtime of one inference process: loaded sessions, the routing table, and the reconcile loop.
+"""The reconcile loop of one inference process: desired state in, loaded versions and the routing table out.
 
 The database holds the desired state (which versions the served aliases point to); this process
-holds the actual state (its loaded sessions). The loop closes the gap: it loads in the background,
-warms up, switches the routing table atomically, drains the old session and releases it. A failed
-load never touches what is serving. The request path reads only the in-memory routing table.
+holds the actual state (its loaded versions, ``inference/loaded.py``). The loop closes the gap:
+it loads in the background (``inference/loader.py``: bundle, session, lanes, warm-up), switches
+the routing table atomically, drains the old version and releases it, and reports what it serves
+to the fleet (the heartbeat). A failed load never touches what is serving. The request path reads
+only the in-memory routing table (:class:`Router`).
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import logging
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
 from inference import metrics, telemetry
-from inference.batcher import Batcher
 from inference.benchmarks import BenchmarkRunner
 from inference.cache import ArtifactCache
-from inference.errors import InferenceError
-from inference.protocol import BodyLimit, body_limit, can_batch, decode_request
-from inference.sessions import (
-    CPU,
-    GPU_PROVIDERS,
-    FixedAddressRunner,
-    build_cpu_lanes,
-    build_session,
-    device_description,
-    host_notice,
-    lane_threads,
-    run_with_iobinding,
-    unfixed_tensors,
-)
-from inference.statistics import VersionStats
-from inference.text import TOKENIZER_FILE, TextEncoder
-from inference.traffic import Traffic
-from onnxkit.validation import synthetic_inputs
+from inference.loaded import LoadedVersion
+from inference.loader import load_version
+from inference.sessions import device_description, host_notice
 from registry import serving
 from registry.serving import PRODUCTION, DesiredState, LoadedRow, LoadState, VersionSpec
 
+__all__ = ["InferenceRuntime", "Router"]
+
 logger = logging.getLogger(__name__)
-
-
-class NotLoaded(Exception):
-    """The version exists in the routing table no more (or not yet); the caller retries or answers 503."""
-
-
-__all__ = ["LABELS_FILE", "SAMPLE_INPUTS_FILE", "InferenceRuntime", "LoadedVersion", "NotLoaded", "can_batch"]
-
-# Extras a version may carry: the classification labels, one per line (the output's class index is
-# the line number from 0), and sample inputs in the /v2 JSON request format (validation and warm-up run them).
-LABELS_FILE = "labels.txt"
-SAMPLE_INPUTS_FILE = "sample_inputs.json"
-
-
-class LoadedVersion:
-    """One loaded ONNX Runtime session with its batcher, and an in-flight counter so it can be drained before release.
-
-    The batcher is made with the version and closed when the version is drained and released, so
-    whatever serves the version (REST or gRPC) shares one queue, and nothing outlives the session.
-    """
-
-    def __init__(
-        self,
-        spec: VersionSpec,
-        session: Any,
-        provider: str,
-        load_seconds: float,
-        memory_bytes: int,
-        note: str = "",
-        labels: tuple[str, ...] = (),
-        text: TextEncoder | None = None,
-        runner: FixedAddressRunner | None = None,
-        lanes: list[Any] | None = None,
-        make_lanes: Callable[[int], list[Any]] | None = None,
-    ) -> None:
-        self.spec = spec
-        self.session = session
-        self.runner = runner  # CUDA graphs: runs at fixed addresses, one at a time
-        # On the CPU, with instances > 1: one narrow session per instance (sessions.build_cpu_lanes), which
-        # make_lanes builds again when the model's instances change.
-        self.lane_sessions: list[Any] = list(lanes or [])
-        self._make_lanes = make_lanes
-        self.provider = provider
-        self.load_seconds = load_seconds
-        self.memory_bytes = memory_bytes
-        self.note = note  # e.g. why the session fell back to the CPU
-        self.labels = labels  # the classification extension's labels, by class index
-        self.text = text  # the tokenizer, when the version takes text (inference/text.py)
-        self.stats = VersionStats()
-        self.state = LoadState.READY
-        self.version_label = str(spec.version)  # the version as /v2 names it, made once
-        self.metrics = metrics.VersionMetrics(spec.model, self.version_label)
-        # Merging concurrent requests: what the registry decided (validation's check, the model's setting),
-        # where the signature allows it. Also what /config says (max_batch_size 0 when not) and how
-        # classification reads the first dimension.
-        self.batching = spec.batching and can_batch(spec.signature)
-        self.output_names = [output.name for output in session.get_outputs()]
-        self.io_binding = provider in GPU_PROVIDERS  # outputs bound to CPU memory (sessions.run_with_iobinding)
-        self.batcher = Batcher(
-            self._run_all,
-            batching=self.batching,
-            max_batch_size=spec.max_batch_size,
-            max_queue_delay_us=spec.max_queue_delay_us,
-            max_queue_size=spec.max_queue_size,
-            instances=self.instances_for(spec),
-            lanes=self._lane_runs(),
-            on_batch=self._observe_batch,
-            on_close=self._forget_queue_depth,
-            stats=self.stats,
-        )
-        self.traffic = Traffic()  # the last minutes of requests, for the fleet page
-        self._body_limit: tuple[int, BodyLimit] | None = None
-        self._inflight = 0
-        self._closed = False
-        self._cond = threading.Condition()
-
-    def acquire(self) -> None:
-        with self._cond:
-            if self._closed:
-                raise NotLoaded(f"{self.spec.model} v{self.spec.version} was unloaded")
-            self._inflight += 1
-
-    def release(self) -> None:
-        with self._cond:
-            self._inflight -= 1
-            if self._inflight == 0:
-                self._cond.notify_all()
-
-    def run(self, feeds: dict[str, Any], output_names: list[str] | None = None) -> list[Any]:
-        if self.runner is not None:
-            return self.runner.run(output_names, feeds)
-        if self.io_binding:
-            return run_with_iobinding(self.session, feeds, output_names or self.output_names)
-        return self.session.run(output_names, feeds)
-
-    def _run_all(self, feeds: dict[str, Any]) -> dict[str, Any]:
-        """Every output by name; the batcher's run (``self.run`` is looked up each time, so tests can hold it)."""
-        return dict(zip(self.output_names, self.run(feeds), strict=True))
-
-    def _run_lane(self, index: int, feeds: dict[str, Any]) -> dict[str, Any]:
-        """Every output by name, from lane ``index``'s session (looked up each time, like ``self.run``).
-
-        While the lanes are being replaced, the batcher may still pick an index that the new list does
-        not have; that batch runs on the version's session instead (the same outputs).
-        """
-        lanes = self.lane_sessions
-        if index >= len(lanes):
-            return self._run_all(feeds)
-        return dict(zip(self.output_names, lanes[index].run(None, feeds), strict=True))
-
-    def _lane_runs(self) -> list[Callable[[dict[str, Any]], dict[str, Any]]]:
-        return [functools.partial(self._run_lane, index) for index in range(len(self.lane_sessions))]
-
-    def instances_for(self, spec: VersionSpec) -> int:
-        return instances_for(spec, self.provider, fixed_address=self.runner is not None)
-
-    @property
-    def instances(self) -> int:
-        """Batches this version runs at once."""
-        return self.batcher.instances
-
-    def _observe_batch(self, requests: int, rows: int) -> None:
-        self.metrics.batched(requests, self.batcher.queued)
-
-    def _forget_queue_depth(self) -> None:
-        self.metrics.retire()
-
-    def reconfigure(self, spec: VersionSpec) -> None:
-        """Take the model's new batching settings (``PATCH /api/v1/models/{m}``) without reloading the session.
-
-        The batcher follows them from its next request and batch on; what is queued stays queued.
-        """
-        self.spec = dataclasses.replace(
-            self.spec,
-            max_batch_size=spec.max_batch_size,
-            max_queue_delay_us=spec.max_queue_delay_us,
-            max_queue_size=spec.max_queue_size,
-            instances=spec.instances,
-            batching=spec.batching,
-            batching_reason=spec.batching_reason,
-        )
-        self.batching = spec.batching and can_batch(self.spec.signature)
-        instances = self.instances_for(spec)
-        lanes = None  # keep them
-        if self._make_lanes is not None and instances != max(1, len(self.lane_sessions)):
-            try:
-                self.lane_sessions = self._make_lanes(instances) if instances > 1 else []
-            except Exception:
-                # e.g. out of memory: the instances share the one session instead, which works, only slower.
-                logger.exception("%s v%s: could not build %d CPU lanes", spec.model, spec.version, instances)
-                self.lane_sessions = []
-            lanes = self._lane_runs()
-        self.batcher.configure(
-            max_batch_size=spec.max_batch_size,
-            max_queue_delay_us=spec.max_queue_delay_us,
-            max_queue_size=spec.max_queue_size,
-            instances=instances,
-            lanes=lanes,
-            batching=self.batching,
-        )
-
-    def body_limit(self, default: int) -> BodyLimit:
-        """The request body limit for this version under the global ``default``, worked out once per default."""
-        cached = self._body_limit
-        if cached is None or cached[0] != default:
-            cached = self._body_limit = (default, body_limit(self.spec.model, self.spec.signature, default))
-        return cached[1]
-
-    def drain_and_close(self, timeout: float) -> bool:
-        """Wait for requests in flight, then drop the session and close the batcher; False if the wait timed out."""
-        with self._cond:
-            self.state = LoadState.DRAINING
-            drained = self._cond.wait_for(lambda: self._inflight == 0, timeout=timeout)
-            self._closed = True
-            self.session = None
-            self.lane_sessions = []
-            self.state = LoadState.CLOSED
-        self.batcher.close()
-        return drained
-
-    @property
-    def inflight(self) -> int:
-        return self._inflight
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-
-def instances_for(spec: VersionSpec, provider: str, *, fixed_address: bool = False) -> int:
-    """The model's ``instances``, or by provider when unset: 2 on a GPU (one batch runs while the next is
-    merged and the last split and encoded), 1 on the CPU (one ORT run already takes every core)."""
-    if fixed_address:
-        return 1  # one set of fixed buffers (and one captured graph): runs take turns whatever is asked
-    if spec.instances:
-        return spec.instances
-    return 2 if provider in GPU_PROVIDERS else 1
 
 
 class Router:
@@ -276,47 +63,6 @@ class RuntimeStatus:
     loading: dict[int, VersionSpec] = field(default_factory=dict)
     failures: dict[int, LoadFailure] = field(default_factory=dict)
     db_error: str = ""
-
-
-def _warm_up(session: Any, spec: VersionSpec, samples: Path | None, runner: FixedAddressRunner | None = None) -> None:
-    """One run before the version takes traffic: on its sample inputs when it has them, else on synthetic ones.
-
-    Synthetic strings ("a") mean nothing to a model that parses its string inputs. Validation lets such
-    a version through with a warning when it has no sample inputs, and so does the warm-up: it logs.
-    """
-    if samples is not None:
-        try:
-            request = decode_request(samples.read_bytes(), None, spec.signature)
-        except InferenceError as exc:
-            raise ValueError(f"{SAMPLE_INPUTS_FILE}: {exc.message}") from None
-        (runner or session).run(None, request.inputs)
-        return
-    try:
-        (runner or session).run(None, synthetic_inputs(session))
-    except Exception as exc:
-        if not any(item["datatype"] == "BYTES" for item in spec.signature.get("inputs", [])):
-            raise
-        logger.warning(
-            "%s v%s: the warm-up on synthetic string inputs failed (%s); it serves without one. Upload %s "
-            "with the version to warm it up on real inputs",
-            spec.model,
-            spec.version,
-            exc,
-            SAMPLE_INPUTS_FILE,
-        )
-
-
-def _read_labels(path: Path) -> tuple[str, ...]:
-    """One label per line; the line number (from 0) is the class index."""
-    return tuple(line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines())
-
-
-def _rss_bytes() -> int:
-    try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError):
-        return 0
 
 
 class InferenceRuntime:
@@ -487,65 +233,9 @@ class InferenceRuntime:
             if spec.strategy == serving.ServingStrategy.REPLACE:
                 self._unload_other_versions(spec.model, keep=set(desired.versions))
             self.status.loading[version_id] = spec
-            future = self._executor.submit(self._load, spec)
+            future = self._executor.submit(load_version, spec, self.cache)
             future.add_done_callback(lambda _f: self._wake.set())
             self._loads[version_id] = future
-
-    def _load(self, spec: VersionSpec) -> LoadedVersion:
-        started = time.perf_counter()
-        rss_before = _rss_bytes()
-        folder = self.cache.bundle(spec.sha256, spec.files)
-        built = build_session(folder / spec.model_file, fixed_address_io=not unfixed_tensors(spec.signature))
-        runner = None
-        if built.graphs:  # the session replays a captured CUDA graph: its inputs must stay where it found them
-            device = "cuda" if built.provider in GPU_PROVIDERS else "cpu"
-            runner = FixedAddressRunner(built.session, spec.signature, device=device, device_id=settings.CUDA_DEVICE_ID)
-        extras = {item.name for item in spec.files}
-        text = None
-        if "text" in spec.signature and TOKENIZER_FILE in extras:
-            text = TextEncoder.load(
-                folder,
-                spec.signature["text"],
-                built.session,
-                max_bytes=settings.TOKENIZER_MAX_BYTES,
-                max_tokens=settings.TEXT_MAX_TOKENS,
-                truncate=settings.TEXT_TRUNCATE,
-                max_texts=settings.TEXT_MAX_TEXTS,
-            )
-        samples = folder / SAMPLE_INPUTS_FILE if SAMPLE_INPUTS_FILE in extras else None
-        _warm_up(built.session, spec, samples, runner)
-        make_lanes = None
-        lanes: list[Any] = []
-        if built.provider == CPU:
-            make_lanes = functools.partial(self._cpu_lanes, folder / spec.model_file, spec, samples)
-            instances = instances_for(spec, built.provider)
-            lanes = make_lanes(instances) if instances > 1 else []
-        loaded = LoadedVersion(
-            spec,
-            built.session,
-            built.provider,
-            load_seconds=time.perf_counter() - started,
-            memory_bytes=max(0, _rss_bytes() - rss_before),
-            note=built.note,
-            labels=_read_labels(folder / LABELS_FILE) if LABELS_FILE in extras else (),
-            text=text,
-            runner=runner,
-            lanes=lanes,
-            make_lanes=make_lanes,
-        )
-        logger.info("loaded %s v%s on %s in %.2fs", spec.model, spec.version, built.provider, loaded.load_seconds)
-        return loaded
-
-    @staticmethod
-    def _cpu_lanes(model_path: Path, spec: VersionSpec, samples: Path | None, instances: int) -> list[Any]:
-        """The CPU lanes of a version with ``instances`` > 1, each warmed up like the version's session."""
-        lanes = build_cpu_lanes(model_path, instances)
-        for lane in lanes:
-            _warm_up(lane, spec, samples)
-        logger.info(
-            "%s v%s: %d CPU lanes of %d intra-op threads", spec.model, spec.version, instances, lane_threads(instances)
-        )
-        return lanes
 
     def _collect_finished_loads(self) -> None:
         for version_id, future in list(self._loads.items()):

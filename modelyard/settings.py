@@ -317,6 +317,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Versioned ONNX artifacts, aliases and promotions.",
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
+    # A text field that refuses "" says so (minLength 1), so a client knows which empty fields it may send.
+    "ENFORCE_NON_BLANK_FIELDS": True,
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",

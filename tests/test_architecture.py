@@ -278,6 +278,26 @@ def test_the_clients_datatype_table_is_onnxkits():
         assert CLIENT[datatype] is dtype, datatype
 
 
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    pending = [start]
+    while pending:
+        for target in graph[pending.pop()] - seen:
+            seen.add(target)
+            pending.append(target)
+    return seen
+
+
+def test_grpc_serves_the_data_plane_without_the_rest_endpoints():
+    # Both transports stand on inference.dataplane (one admission, one error table in inference.errors);
+    # neither reaches the other.
+    graph = import_graph(project_modules())
+    grpc = {name for name in graph if name.startswith("inference.grpc")}
+    assert "inference.dataplane" in _reachable(graph, "inference.grpc.server")
+    assert "inference.app" not in {name for module in grpc for name in _reachable(graph, module)}
+    assert not _reachable(graph, "inference.app") & grpc
+
+
 # --- The registry by wing ------------------------------------------------------------------------------
 
 WINGS = ("access", "api", "audit", "benchmarks", "derive", "ui", "validation", "webhooks")

@@ -10,7 +10,7 @@ typed otherwise, unless an output is FP16, which has no typed field: then every 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from google.protobuf import json_format
@@ -20,6 +20,7 @@ from inference.errors import InvalidInput
 from inference.grpc import grpc_service_pb2 as pb
 from inference.protocol import (
     InferRequest,
+    InferResult,
     binary_output,
     binary_tensor,
     check_all_inputs,
@@ -31,9 +32,6 @@ from inference.protocol import (
     string_array,
 )
 from onnxkit.datatypes import NUMPY_OF
-
-if TYPE_CHECKING:
-    from inference.dataplane import InferResult  # a type only: the codec loads no runtime, nor the ORM behind it
 
 # The typed contents field of each datatype (FP16 has none: it travels raw only).
 CONTENTS = {

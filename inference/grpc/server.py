@@ -2,8 +2,10 @@
 
 Each RPC decodes its message (``inference.grpc.codec``), calls the data plane and encodes the
 answer; every refusal is a domain error of ``inference.errors``, turned into a status code by the
-one table below (as ``inference/app.py`` turns them into HTTP statuses). It runs with ``grpc.aio``
-on the event loop that serves /v2, so both transports share each version's batcher.
+one table below (as ``inference.errors.HTTP_STATUS`` turns them into HTTP statuses). An inference
+call is let in by :meth:`DataPlane.admit`, as a /v2 request is, and counted in the same metrics.
+It runs with ``grpc.aio`` on the event loop that serves /v2, so both transports share each
+version's batcher.
 
 - The bearer token travels as ``authorization`` metadata (``Bearer <token>``), checked as /v2 checks it.
 - A message larger than ``MODELYARD_GRPC_MAX_MESSAGE_BYTES`` is refused by gRPC itself with
@@ -23,15 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn
 
 import grpc
 from django.conf import settings
 
-from inference import metrics
-from inference.app import http_status
 from inference.dataplane import OUT_OF_MEMORY, DataPlane
 from inference.errors import (
     BodyTimeout,
@@ -51,11 +50,11 @@ from inference.errors import (
     RequestTimeout,
     Unauthorised,
     UnsupportedEncoding,
+    outcome_status,
 )
 from inference.grpc import grpc_service_pb2 as pb
 from inference.grpc import grpc_service_pb2_grpc as pb_grpc
 from inference.grpc.codec import Malformed, decode_infer_request, encode_infer_response, message_from_json, parser
-from inference.runtime import LoadedVersion
 from registry import serving
 
 __all__ = ["STATUS", "GrpcServer", "GrpcUnavailable", "InferenceServicer", "add_to_server", "status_for"]
@@ -107,6 +106,16 @@ def _peer_address(context: grpc.aio.ServicerContext) -> str:
     return address.strip("[]")
 
 
+def _bearer(context: grpc.aio.ServicerContext) -> str:
+    """The call's bearer token (``authorization`` metadata), or ""."""
+    return serving.bearer_token(_metadata(context, "authorization")) or ""
+
+
+def _client_address(context: grpc.aio.ServicerContext) -> str:
+    """The client's address: the peer's, or the one a trusted proxy forwarded (``serving.caller_address``)."""
+    return serving.caller_address(_peer_address(context), _metadata(context, "x-forwarded-for"))
+
+
 Rpc = Callable[[Any, Any], Awaitable[Any]]
 OPEN_RPCS = frozenset({"ServerLive", "ServerReady", "ServerMetadata"})  # health and server metadata need no token
 
@@ -146,12 +155,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         await context.abort(code, exc.message)  # raises grpc.aio.AbortError, which ends the call
         raise AssertionError("context.abort() returned")
 
-    async def _authorise(self, context: grpc.aio.ServicerContext) -> str:
-        token = ""
-        if self.plane.needs_token:
-            token = serving.bearer_token(_metadata(context, "authorization")) or ""
-        await self.plane.authorise(token)
-        return token
+    async def _authorise(self, context: grpc.aio.ServicerContext) -> None:
+        await self.plane.authorise(_bearer(context) if self.plane.needs_token else "")
 
     # --- server --------------------------------------------------------------------------------
 
@@ -209,52 +214,31 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     # --- inference -----------------------------------------------------------------------------
 
     async def _infer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        """One inference call, counted in the same Prometheus metrics as /v2 over HTTP.
+        """One inference call, admitted and counted by the data plane as /v2 requests are over HTTP.
 
         The ``status`` label is the HTTP status the same outcome has over REST (200, or the error's
-        status in ``inference/app.py``), so one query covers both transports.
+        ``inference.errors.HTTP_STATUS``; a cancelled call 499), so one query covers both transports.
         """
-        started = time.perf_counter()
-        answered: list[LoadedVersion] = []
-        status = 200
-        try:
-            return await self._infer_routed(request, context, answered)
-        except InferenceError as exc:
-            status = http_status(exc)[0]
-            raise
-        except asyncio.CancelledError:  # the client went away (HTTP's 499)
-            status = 499
-            raise
-        except Exception:
-            status = 500
-            raise
-        finally:
-            counted = (
-                answered[0].metrics if answered else metrics.unrouted(self.plane.metrics_model(request.model_name))
-            )
-            counted.answered(status, time.perf_counter() - started)
-
-    async def _infer_routed(
-        self, request: pb.ModelInferRequest, context: Any, answered: list[LoadedVersion]
-    ) -> pb.ModelInferResponse:
         plane = self.plane
         model, ref = request.model_name, request.model_version or None
-        token = await self._authorise(context)
-        if settings.V2_RATE is not None:  # the address costs a parse; only a rate limit needs it
-            address = serving.caller_address(_peer_address(context), _metadata(context, "x-forwarded-for"))
-            plane.throttle(token=token, address=address)
-        served = plane.resolve(model, ref)
-        answered.append(served)
+        admitted = await plane.admit(model, ref, context, token=_bearer, address=_client_address)
+        status = 200
         try:
-            decoded = decode_infer_request(request, served.spec.signature)
-        except MemoryError:
-            raise OutOfMemory(OUT_OF_MEMORY) from None
-        remaining = context.time_remaining()
-        if remaining is not None:  # nobody waits past the client's deadline: neither need the queue
-            deadline_us = max(1, int(remaining * 1e6))
-            decoded.timeout_us = min(decoded.timeout_us or deadline_us, deadline_us)
-        result = await plane.infer(model, ref, decoded)
-        return encode_infer_response(result, decoded)
+            try:
+                decoded = decode_infer_request(request, admitted.loaded.spec.signature)
+            except MemoryError:
+                raise OutOfMemory(OUT_OF_MEMORY) from None
+            remaining = context.time_remaining()
+            if remaining is not None:  # nobody waits past the client's deadline: neither need the queue
+                deadline_us = max(1, int(remaining * 1e6))
+                decoded.timeout_us = min(decoded.timeout_us or deadline_us, deadline_us)
+            result = await plane.infer(model, ref, decoded)
+            return encode_infer_response(result, decoded)
+        except BaseException as exc:
+            status = outcome_status(exc)
+            raise
+        finally:
+            admitted.answered(status)
 
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         try:

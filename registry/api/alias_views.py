@@ -145,7 +145,7 @@ WAIT_PARAMETER = OpenApiParameter("wait", float, description="seconds to wait un
 
 def _wait_seconds(request: Request) -> float | None:
     text = request.query_params.get("wait")
-    if text is None:
+    if not text:  # not sent, or sent empty: no waiting
         return None
     try:
         seconds = float(text)
@@ -244,7 +244,7 @@ class AliasHistory(APIView):
         model = get_object_or_404(RegisteredModel, name=name)
         found = get_object_or_404(Alias, model=model, name=alias)
         at_text = request.query_params.get("at")
-        if at_text is None:
+        if not at_text:  # not sent, or sent empty: the whole history
             return Response(MoveSerializer(selectors.alias_history(alias=found), many=True).data)
         try:
             at = parse_datetime(at_text.replace(" ", "+"))

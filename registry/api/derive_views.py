@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 
 from registry import selectors, serving
 from registry.access.clients import actor_from_request
+from registry.api.serializers import FormJSONField
 from registry.api.views import _get_version
 from registry.benchmarks import services as benchmarks
 from registry.derive import services as derivations
@@ -65,8 +66,8 @@ class BenchmarkSerializer(serializers.ModelSerializer[VersionBenchmark]):
 
 class DeriveInput(serializers.Serializer[Any]):
     # Checked by the service, which names the recipes and options it knows.
-    recipe = serializers.JSONField()
-    options = serializers.JSONField(required=False, default=dict)
+    recipe = FormJSONField()
+    options = FormJSONField(required=False, default=dict)
 
 
 class VersionDerive(APIView):

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.conf import settings
 from rest_framework import serializers
+from rest_framework.fields import empty
+from rest_framework.utils import html
 
 from registry.models import (
     NAME_PATTERN,
@@ -39,7 +42,41 @@ class ModelSerializer(serializers.ModelSerializer[RegisteredModel]):
         read_only_fields = fields
 
 
-class TagsField(serializers.ListField):
+class FormListField(serializers.ListField):
+    """A list that a form sends as repeated fields, where one empty field (``-F tags=``, a box left empty) is no items.
+
+    DRF reads that field as a list of one empty string, which no item allows. No items is the empty list,
+    or, with ``empty_is_unset``, the field not sent at all (for a list that may not be empty).
+    """
+
+    def __init__(self, *args: Any, empty_is_unset: bool = False, **kwargs: Any) -> None:
+        self.empty_is_unset = empty_is_unset
+        super().__init__(*args, **kwargs)
+
+    def get_value(self, dictionary: Any) -> Any:
+        value = super().get_value(dictionary)
+        if html.is_html_input(dictionary) and isinstance(value, list) and value and not any(value):
+            return empty if self.empty_is_unset else []
+        return value
+
+
+class FormJSONField(serializers.JSONField):
+    """Any JSON value in a JSON body. A form field holds JSON text or, when it is not JSON, a plain string
+    (``-F recipe=fp16``); an empty one is not sent."""
+
+    def get_value(self, dictionary: Any) -> Any:
+        if not (html.is_html_input(dictionary) and self.field_name in dictionary):
+            return super().get_value(dictionary)
+        text = dictionary[self.field_name]
+        if text == "":
+            return empty
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+
+
+class TagsField(FormListField):
     """A model's or a version's tags, within ``MODELYARD_MAX_TAGS`` and ``MODELYARD_MAX_TAG_CHARS``."""
 
     child = serializers.CharField()

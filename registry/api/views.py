@@ -136,7 +136,7 @@ class VersionDownload(APIView):
     )
     def get(self, request: Request, name: str, version: int) -> StreamingFileResponse:
         found = _get_version(name, version)
-        file_name = request.query_params.get("file")
+        file_name = request.query_params.get("file") or None  # sent empty: the model, as when not sent
         # Each file of a bundle on its own (?file=NAME), so that clients fetch external data file by file.
         model_file = found.model_file if file_name is None else found.files.filter(name=file_name).first()
         if model_file is None:

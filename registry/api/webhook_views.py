@@ -18,6 +18,7 @@ from rest_framework.views import APIView
 
 from registry.access.auth import has_role
 from registry.access.clients import actor_from_request
+from registry.api.serializers import FormListField
 from registry.errors import InvalidInput, NotFound
 from registry.models import DeliveryStatus, RegisteredModel, Role, Webhook, WebhookDelivery, WebhookEvent
 from registry.webhooks import services as webhooks
@@ -75,15 +76,23 @@ class DeliverySerializer(serializers.ModelSerializer[WebhookDelivery]):
 
 
 class _WebhookFields(serializers.Serializer[Any]):
-    url = serializers.CharField(max_length=2000)
-    events = serializers.ListField(child=serializers.CharField(max_length=64), max_length=len(WebhookEvent.values))
-    model = serializers.CharField(allow_null=True, max_length=64)
-    secret = serializers.CharField(max_length=200, trim_whitespace=False)
-    active = serializers.BooleanField()
+    # Each field optional, as a change sends them; in a form an empty one changes nothing, but an empty model
+    # is none (every model).
+    url = serializers.CharField(required=False, max_length=2000)
+    events = FormListField(
+        child=serializers.CharField(max_length=64),
+        max_length=len(WebhookEvent.values),
+        required=False,
+        empty_is_unset=True,
+    )
+    # null or "": every model
+    model = serializers.CharField(required=False, allow_null=True, allow_blank=True, max_length=64)
+    secret = serializers.CharField(required=False, max_length=200, trim_whitespace=False)
+    active = serializers.BooleanField(required=False)
 
 
 def _model_named(name: str | None) -> RegisteredModel | None:
-    if name is None:
+    if not name:
         return None
     found = RegisteredModel.objects.filter(name=name).first()
     if found is None:
@@ -96,8 +105,15 @@ class WebhookListCreate(generics.ListAPIView[Webhook]):
     serializer_class = WebhookSerializer
 
     class InputSerializer(_WebhookFields):
-        model = serializers.CharField(required=False, allow_null=True, default=None, max_length=64)
-        secret = serializers.CharField(required=False, default="", max_length=200, trim_whitespace=False)
+        url = serializers.CharField(max_length=2000)
+        events = FormListField(
+            child=serializers.CharField(max_length=64), max_length=len(WebhookEvent.values), empty_is_unset=True
+        )
+        model = serializers.CharField(required=False, allow_null=True, allow_blank=True, default=None, max_length=64)
+        # "" (the default): generate one
+        secret = serializers.CharField(
+            required=False, allow_blank=True, default="", max_length=200, trim_whitespace=False
+        )
         active = serializers.BooleanField(required=False, default=True)
 
     def get_queryset(self) -> Any:

@@ -28,10 +28,10 @@ def admin(db: None) -> Person:
 
 @pytest.fixture
 def build_gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[BuildGate]:
-    from inference import runtime
+    from inference import loader
 
     gate = BuildGate()
-    monkeypatch.setattr(runtime, "build_session", gate.wrap(runtime.build_session))
+    monkeypatch.setattr(loader, "build_session", gate.wrap(loader.build_session))
     yield gate
     gate.open()
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inference.dataplane import DataPlane, InferResult
+from inference.dataplane import DataPlane
 from inference.errors import (
     BodyTooLarge,
     ClientGone,
@@ -31,8 +31,9 @@ from inference.errors import (
     RequestTimeout,
     Unauthorised,
 )
-from inference.protocol import InferRequest, decode_request
-from inference.runtime import LoadedVersion, NotLoaded
+from inference.loaded import LoadedVersion, NotLoaded
+from inference.protocol import InferRequest, InferResult, decode_request
+from modelyard import metrics as exposition
 from registry.access import services
 from registry.audit.chain import SYSTEM
 from registry.models import RegisteredModel, Role
@@ -40,6 +41,7 @@ from tests.support import onnx_compat
 from tests.support.inference import sample
 from tests.support.people import make_person
 from tests.support.polling import eventually, reconcile_until
+from tests.support.prometheus import value
 from tests.support.registry import create_model, promote, set_alias, set_served, upload_versions
 
 pytestmark = pytest.mark.django_db(transaction=True)  # token checks run in worker threads, as in a server
@@ -275,6 +277,55 @@ def test_body_limit_follows_the_setting_and_the_fixed_shapes(plane, runtime, own
     assert (limit.bytes, limit.source) == (64 * 1024 + 8 * 64, "what the fixed-shape inputs of model 'demo' can need")
 
 
+def test_admit_checks_the_token_then_the_rate_then_the_route_and_counts_every_outcome(plane, run, settings):
+    """One admission for both transports: what it refuses, in which order, and under which labels it counts."""
+    settings.INFERENCE_PUBLIC = False
+    settings.V2_RATE = (1, 60.0)
+    client = make_person("client", Role.INFERENCE).token
+    read: list[str] = []
+
+    def admit(model: str, token: str) -> Any:
+        call = {"token": token, "address": "10.0.0.1"}
+
+        def token_of(call: dict[str, str]) -> str:
+            read.append("token")
+            return call["token"]
+
+        def address_of(call: dict[str, str]) -> str:
+            read.append("address")
+            return call["address"]
+
+        return run(plane.admit(model, None, call, token=token_of, address=address_of))
+
+    def counted(model: str, version: str, status: str) -> float:
+        body, _ = exposition.render()
+        return value(body.decode(), "modelyard_inference_requests_total", model=model, version=version, status=status)
+
+    before = {
+        key: counted(*key)
+        for key in [("_unknown", "", "401"), ("_unknown", "", "404"), ("demo", "", "429"), ("demo", "1", "200")]
+    }
+    with pytest.raises(Unauthorised):  # no token: refused before the rate limit or the route is looked at
+        admit("nothing", "")
+    assert read == ["token"]
+    with pytest.raises(ModelNotFound, match=r"^Request for unknown model: 'nothing' is not found$"):
+        admit("nothing", client)  # takes the client's one request of the minute
+    assert read == ["token", "token", "address"]
+    with pytest.raises(RateLimited):
+        admit("demo", client)
+    assert counted("_unknown", "", "401") == before["_unknown", "", "401"] + 1
+    assert counted("_unknown", "", "404") == before["_unknown", "", "404"] + 1
+    assert counted("demo", "", "429") == before["demo", "", "429"] + 1
+
+    settings.V2_RATE = None  # no limit: the address is not read
+    admitted = admit("demo", client)
+    assert read == ["token", "token", "address", "token", "address", "token"]
+    assert admitted.loaded is plane.resolve("demo")
+    assert admitted.body_limit == plane.body_limit(admitted.loaded)
+    admitted.answered(200)  # the transport counts what it answered, under the version's labels
+    assert counted("demo", "1", "200") == before["demo", "1", "200"] + 1
+
+
 # --- Inference ----------------------------------------------------------------------------------------
 
 
@@ -508,3 +559,12 @@ def test_a_loaded_version_owns_its_batcher_until_it_is_released(plane, runtime, 
     eventually(lambda: not any(t.is_alive() for t in threads), what="v1's ONNX Runtime thread is still alive")
     # v2 has taken no request yet: no queue to report.
     assert list(plane.queue_depths()) == []
+
+
+def test_a_token_cache_given_to_the_data_plane_is_the_one_it_uses(make_runtime):
+    from inference.auth import TokenCache
+
+    # An empty cache is falsy (it has a length); it must still be taken, with its own TTL.
+    short = TokenCache(ttl=0.5)
+    assert len(short) == 0
+    assert DataPlane(make_runtime("bare"), tokens=short).tokens is short

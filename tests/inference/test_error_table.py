@@ -6,7 +6,8 @@ import inspect
 import json
 
 from inference import errors
-from inference.app import STATUS, error_response
+from inference.app import error_response
+from inference.errors import HTTP_STATUS as STATUS
 
 
 def test_every_domain_error_has_a_status():

@@ -14,7 +14,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from inference import runtime as runtime_module
+from inference import loader
 from inference.sessions import FixedAddressRunner, unfixed_tensors
 from tests.support.onnx_models import fixed_add_model
 from tests.support.polling import reconcile_until
@@ -58,7 +58,7 @@ def test_runs_at_fixed_addresses_give_exactly_the_outputs_of_run_and_never_overw
 def test_a_graph_session_is_served_through_fixed_buffers_one_batch_at_a_time(
     owner, approver, admin, make_runtime, asgi_loop, monkeypatch
 ):
-    real = runtime_module.build_session
+    real = loader.build_session
     asked: list[bool] = []
 
     def as_if_captured(path, *, fixed_address_io=False):
@@ -68,7 +68,7 @@ def test_a_graph_session_is_served_through_fixed_buffers_one_batch_at_a_time(
         built.graphs = fixed_address_io
         return built
 
-    monkeypatch.setattr(runtime_module, "build_session", as_if_captured)
+    monkeypatch.setattr(loader, "build_session", as_if_captured)
     create_model(owner)
     response = owner.upload("demo", [("model.onnx", fixed_add_model(bias=2.0).SerializeToString())])
     assert response.status_code == 201, response.content

@@ -19,7 +19,7 @@ import pytest
 from django.utils import timezone
 
 from inference.cache import ArtifactCache, CachedFile, HashMismatch, sha256_of
-from inference.runtime import NotLoaded
+from inference.loaded import NotLoaded
 from registry.models import InferenceWorker, RegisteredModel, Role
 from storage import get_storage
 from tests.support.inference import answered_bias, infer_body, sample

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 from django.contrib.auth import get_user_model
 
-from inference.dataplane import DataPlane, InferResult
+from inference.dataplane import DataPlane
 from inference.errors import InvalidInput
 from inference.grpc import grpc_service_pb2 as pb
 from inference.grpc.codec import decode_infer_request
-from inference.protocol import InferRequest, body_limit, decode_request
-from inference.runtime import LoadedVersion
+from inference.loaded import LoadedVersion
+from inference.protocol import InferRequest, InferResult, body_limit, decode_request
 from inference.text import bucket
 from modelyard.client import tensors
 from registry.models import ModelVersion, RegisteredModel

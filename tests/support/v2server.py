@@ -21,7 +21,8 @@ from django.db import connection
 from onnx import TensorProto
 
 from inference.grpc.server import GrpcServer
-from inference.runtime import InferenceRuntime, LoadedVersion
+from inference.loaded import LoadedVersion
+from inference.runtime import InferenceRuntime
 from registry import promotions, services
 from registry.access import services as access
 from registry.audit.chain import Actor

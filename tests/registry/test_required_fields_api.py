@@ -1,0 +1,373 @@
+"""Every operation of the REST API, as ``/api/schema/`` documents it, works with only its required fields.
+
+A client that sends what the schema requires and nothing else, or fills a form with every optional
+field left empty (``curl -F description=``, a browser's empty box), must get the documented success
+and the effect an empty field stands for: nothing, or no change. An empty optional ``metadata``
+field once made every upload from the web UI fail while 1,138 tests passed, because each test
+filled it.
+
+The bodies are built from the schema (``tests/support/openapi.py``): for JSON, the required fields
+alone, then again with each optional string the schema lets be "" sent as ""; for multipart and
+urlencoded forms, the required fields with every optional field present and empty. ``CALLS`` says
+for each operation who sends it, against which registry state, the status it answers and what it
+must have done. An operation the schema gains without a row in ``CALLS`` fails
+``test_every_documented_operation_is_in_the_table``: add its row.
+
+The registry state (``tests/support/required_world.py``: people, a model with two validated
+versions, aliases, a pending promotion, a webhook, a derive job, a spare token) is made once for
+the module through the API, and each test runs in a savepoint of it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import TestCase
+
+from tests.support.onnx_models import add_model_bytes
+from tests.support.openapi import (
+    EMPTY_FIELDS,
+    EMPTY_STRINGS,
+    REQUIRED_ONLY,
+    Body,
+    Operation,
+    body_kinds,
+    operations,
+    query_parameters,
+    query_string,
+    request_bodies,
+)
+from tests.support.required_world import HOOK_URL, MODEL, World, session, use_world, world_for_module
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(scope="module")
+def world(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    with world_for_module(django_db_blocker, tmp_path_factory.mktemp("required-fields-api")) as made:
+        yield made
+
+
+@pytest.fixture(autouse=True)
+def _world(world: World, settings: Any, tmp_path: Path) -> None:
+    use_world(world, settings, tmp_path)
+
+
+# --- What each operation needs and does ---------------------------------------------------------------
+
+# (the world, the body sent or None, the answer's JSON or, for a file, the response itself)
+Check = Callable[[World, Body | None, Any], None]
+
+
+@dataclass(frozen=True)
+class Call:
+    """How to send one operation: who, to which path, with which required values; what success is."""
+
+    who: str
+    status: int
+    params: Callable[[World], dict[str, Any]] = lambda world: {}
+    values: Callable[[World], dict[str, Any]] = lambda world: {}
+    check: Check | None = None
+    session: bool = False  # signed in through the browser, not with a token
+    runs_tasks: bool = False  # run what the request queues after commit (the upload's validation), as a server does
+
+
+def _emptied(body: Body | None) -> set[str]:
+    return set(body.empty) if body is not None else set()
+
+
+def _model_after(world: World, body: Body | None, answer: Any) -> None:
+    after = world.read(f"/api/v1/models/{MODEL}")
+    emptied = _emptied(body)
+    # An empty description or tag list clears it; an empty instances means "by provider" (null); any other
+    # empty field leaves the setting as it was.
+    assert after["description"] == ("" if "description" in emptied else "a demo model")
+    assert after["tags"] == ([] if "tags" in emptied else ["t1"])
+    assert (after["serving_strategy"], after["batching"], after["max_batch_size"]) == ("blue-green", "off", 8)
+    assert after["instances"] is None
+    assert answer == after
+
+
+def _version_after(world: World, body: Body | None, answer: Any) -> None:
+    after = world.read(f"/api/v1/models/{MODEL}/versions/1")
+    emptied = _emptied(body)
+    assert after["description"] == ("" if "description" in emptied else "first")
+    assert after["tags"] == ([] if "tags" in emptied else ["v1tag"])
+    assert answer == after
+
+
+def _model_created(world: World, body: Body | None, answer: Any) -> None:
+    created = world.read("/api/v1/models/fresh")
+    assert (created["name"], created["description"], created["tags"], created["created_by"]) == ("fresh", "", [], "mia")
+
+
+def _version_uploaded(world: World, body: Body | None, answer: Any) -> None:
+    version = world.read(f"/api/v1/models/{MODEL}/versions/3")
+    assert (version["status"], version["description"], version["metadata"], version["tags"]) == ("ready", "", {}, [])
+    assert [f["name"] for f in version["files"]] == ["model.onnx"]
+
+
+def _staging_on(number: int, kind: str) -> Check:
+    def check(world: World, body: Body | None, answer: Any) -> None:
+        assert world.read(f"/api/v1/models/{MODEL}/aliases/staging")["version"] == number
+        last = world.read(f"/api/v1/models/{MODEL}/aliases/staging/history")[-1]  # oldest first
+        assert (last["to_version"], last["kind"], last["reason"]) == (number, kind, "")
+
+    return check
+
+
+def _staging_flags_kept(world: World, body: Body | None, answer: Any) -> None:
+    staging = world.read(f"/api/v1/models/{MODEL}/aliases/staging")
+    assert (staging["version"], staging["protected"], staging["served"]) == (2, False, False)
+    # An empty limit is no limit (null).
+    assert (staging["max_slowdown_percent"], staging["min_cosine"], staging["max_abs_diff"]) == (None, None, None)
+    assert answer["alias"] == "staging"
+
+
+def _decided(state: str, production: int | None, by: str) -> Check:
+    def check(world: World, body: Body | None, answer: Any) -> None:
+        promotion = world.read(f"/api/v1/promotions/{world.promotion}")
+        assert (promotion["state"], promotion["decided_by"], promotion["decision_reason"]) == (state, by, "")
+        assert world.read(f"/api/v1/models/{MODEL}/aliases/production")["version"] == production
+
+    return check
+
+
+def _derive_queued(world: World, body: Body | None, answer: Any) -> None:
+    job = world.read(f"/api/v1/derive-jobs/{answer['id']}")
+    assert (job["recipe"], job["source_version"], job["status"], job["requested_by"]) == (
+        "ort-optimized",
+        1,
+        "pending",
+        "mia",
+    )
+    assert job["options"] == world.read(f"/api/v1/derive-jobs/{world.derive_job}")["options"]  # the defaults
+
+
+def _benchmarks_queued(world: World, body: Body | None, answer: Any) -> None:
+    assert answer and all((row["version"], row["status"]) == (1, "pending") for row in answer)
+
+
+def _token_created(world: World, body: Body | None, answer: Any) -> None:
+    assert (answer["user"], answer["name"], answer["expires_at"]) == ("mia", "", None)
+    assert answer["token"]
+    listed = world.read("/api/v1/tokens?user=mia")["results"]
+    assert answer["prefix"] in [token["prefix"] for token in listed]
+
+
+def _token_revoked(world: World, body: Body | None, answer: Any) -> None:
+    listed = {token["prefix"]: token for token in world.read("/api/v1/tokens?user=mia")["results"]}
+    assert listed[world.spare_token]["revoked_at"] is not None
+
+
+def _webhook_created(world: World, body: Body | None, answer: Any) -> None:
+    hook = world.read(f"/api/v1/webhooks/{answer['id']}")
+    assert (hook["url"], hook["events"], hook["model"], hook["active"]) == (
+        HOOK_URL,
+        ["promotion.rejected"],
+        None,
+        True,
+    )
+    assert len(answer["secret"]) >= 32  # an empty secret asks for a generated one
+
+
+def _webhook_after(world: World, body: Body | None, answer: Any) -> None:
+    hook = world.read(f"/api/v1/webhooks/{world.webhook}")
+    # An empty model is no model filter (null), as when it is created; any other empty field changes nothing.
+    model = None if "model" in _emptied(body) else MODEL
+    assert (hook["url"], hook["events"], hook["model"], hook["active"]) == (HOOK_URL, ["alias.moved"], model, False)
+    assert answer == hook
+
+
+def _webhook_gone(world: World, body: Body | None, answer: Any) -> None:
+    assert world.status_of(f"/api/v1/webhooks/{world.webhook}") == 404
+
+
+def _model_downloaded(world: World, body: Body | None, answer: Any) -> None:
+    """With ``?file=`` empty, as without it: the version's .onnx model."""
+    (model_file,) = world.read(f"/api/v1/models/{MODEL}/versions/1")["files"]
+    assert (answer["X-Content-SHA256"], answer["Content-Length"]) == (
+        model_file["sha256"],
+        str(model_file["size_bytes"]),
+    )
+
+
+def _version_1(world: World) -> dict[str, Any]:
+    return {"name": MODEL, "version": 1}
+
+
+def _staging(world: World) -> dict[str, Any]:
+    return {"name": MODEL, "alias": "staging"}
+
+
+def _promotion(world: World) -> dict[str, Any]:
+    return {"id": world.promotion}
+
+
+def _webhook(world: World) -> dict[str, Any]:
+    return {"id": world.webhook}
+
+
+def _model(world: World) -> dict[str, Any]:
+    return {"name": MODEL}
+
+
+def _read(who: str = "mia", params: Callable[[World], dict[str, Any]] = lambda world: {}) -> Call:
+    """A read: only its path, answered 200."""
+    return Call(who, 200, params=params)
+
+
+CALLS: dict[str, Call] = {
+    # Writes, each with its body's required fields only.
+    "v1_models_create": Call("mia", 201, values=lambda w: {"name": "fresh"}, check=_model_created),
+    "v1_models_partial_update": Call("mia", 200, params=_model, check=_model_after),
+    "v1_models_aliases_update": Call(
+        "mia", 200, params=_staging, values=lambda w: {"version": 1}, check=_staging_on(1, "set")
+    ),
+    "v1_models_aliases_partial_update": Call("root", 200, params=_staging, check=_staging_flags_kept),
+    "v1_models_aliases_rollback_create": Call("mia", 200, params=_staging, check=_staging_on(1, "rollback")),
+    "v1_models_versions_create": Call(
+        "mia",
+        201,
+        params=_model,
+        values=lambda w: {"file": [SimpleUploadedFile("model.onnx", add_model_bytes(bias=3.0))]},
+        check=_version_uploaded,
+        runs_tasks=True,
+    ),
+    "v1_models_versions_partial_update": Call("mia", 200, params=_version_1, check=_version_after),
+    "v1_models_versions_benchmarks_create": Call("mia", 202, params=_version_1, check=_benchmarks_queued),
+    "v1_models_versions_derive_create": Call(
+        "mia", 202, params=_version_1, values=lambda w: {"recipe": "ort-optimized"}, check=_derive_queued
+    ),
+    "v1_promotions_approve_create": Call("ada", 200, params=_promotion, check=_decided("approved", 1, "ada")),
+    "v1_promotions_reject_create": Call("ada", 200, params=_promotion, check=_decided("rejected", None, "ada")),
+    "v1_promotions_cancel_create": Call("mia", 200, params=_promotion, check=_decided("cancelled", None, "mia")),
+    "v1_tokens_create": Call("mia", 201, session=True, check=_token_created),
+    "v1_tokens_destroy": Call("mia", 204, params=lambda w: {"prefix": w.spare_token}, check=_token_revoked),
+    "v1_webhooks_create": Call(
+        "root", 201, values=lambda w: {"url": HOOK_URL, "events": ["promotion.rejected"]}, check=_webhook_created
+    ),
+    "v1_webhooks_partial_update": Call("root", 200, params=_webhook, check=_webhook_after),
+    "v1_webhooks_destroy": Call("root", 204, params=_webhook, check=_webhook_gone),
+    # Reads: their path parameters and required query only; the answer's status is what they are checked for.
+    "v1_audit_list": _read("root"),
+    "v1_audit_export_retrieve": Call("root", 200, values=lambda w: {"format": "jsonl"}),
+    "v1_audit_verify_retrieve": _read("root"),
+    "v1_derive_jobs_retrieve": _read(params=lambda w: {"id": w.derive_job}),
+    "v1_fleet_list": _read(),
+    "v1_me_retrieve": _read(),
+    "v1_models_list": _read(),
+    "v1_models_retrieve": _read(params=_model),
+    "v1_models_aliases_list": _read(params=_model),
+    "v1_models_aliases_retrieve": _read(params=_staging),
+    "v1_models_aliases_history_list": _read(params=_staging),
+    "v1_models_versions_list": _read(params=_model),
+    "v1_models_versions_retrieve": _read(params=_version_1),
+    "v1_models_versions_benchmarks_list": _read(params=_version_1),
+    "v1_models_versions_derive_list": _read(params=_version_1),
+    "v1_models_versions_download_retrieve": Call("mia", 200, params=_version_1, check=_model_downloaded),
+    "v1_promotions_list": _read(),
+    "v1_promotions_retrieve": _read(params=_promotion),
+    "v1_tokens_list": _read(),
+    "v1_webhooks_list": _read("root"),
+    "v1_webhooks_retrieve": _read("root", params=_webhook),
+    "v1_webhooks_deliveries_list": _read("root", params=_webhook),
+}
+
+
+# --- The schema, read once per test session as a client reads it ----------------------------------------
+
+_SCHEMA: dict[str, Any] = {}
+
+
+def api_schema() -> dict[str, Any]:
+    """What ``/api/schema/`` serves, made by its generator: the tests are collected before any database or
+    server exists (``test_the_schema_a_client_reads_is_the_one_the_tests_walk`` checks it is the same)."""
+    if not _SCHEMA:
+        from drf_spectacular.generators import SchemaGenerator
+        from drf_spectacular.renderers import OpenApiJsonRenderer
+
+        schema = SchemaGenerator().get_schema(request=None, public=True)
+        _SCHEMA.update(json.loads(OpenApiJsonRenderer().render(schema)))
+    return _SCHEMA
+
+
+EMPTY_QUERY = "optional query empty"
+
+
+def _cases() -> Iterator[Any]:
+    """One test per body a client may send (or none), with the required query only; then one more with every
+    optional query parameter present and empty, for the operations that have any."""
+    schema = api_schema()
+    for operation in operations(schema):
+        if operation.operation_id not in CALLS:
+            continue  # test_every_documented_operation_is_in_the_table names it
+        kinds = body_kinds(schema, operation) or [("no body", "")]
+        for variant, content_type in kinds:
+            label = f"{content_type}, {variant}" if content_type else variant
+            yield pytest.param(operation, variant, content_type, False, id=f"{operation.operation_id}-{label}")
+        if query_parameters(operation)[1]:
+            variant, content_type = kinds[0]
+            yield pytest.param(operation, variant, content_type, True, id=f"{operation.operation_id}-{EMPTY_QUERY}")
+
+
+def test_every_documented_operation_is_in_the_table():
+    """A new endpoint gets a row in CALLS, and with it a test that sends only its required fields."""
+    documented = {operation.operation_id: operation for operation in operations(api_schema())}
+    missing = sorted(set(documented) - set(CALLS))
+    assert not missing, f"add to CALLS how to send {missing} with only the required fields, and what it does"
+    gone = sorted(set(CALLS) - set(documented))
+    assert not gone, f"CALLS names operations the schema no longer has: {gone}"
+    for operation_id, call in CALLS.items():
+        assert call.status in documented[operation_id].statuses, (operation_id, call.status)
+
+
+def test_the_schema_a_client_reads_is_the_one_the_tests_walk(world):
+    response = world.people["mia"].get("/api/schema/?format=json")
+    assert response.status_code == 200
+    assert response.json() == api_schema()
+
+
+@pytest.mark.parametrize(("operation", "variant", "content_type", "empty_query"), list(_cases()))
+def test_operation_succeeds_with_only_its_required_fields(
+    world, operation: Operation, variant: str, content_type: str, empty_query: bool
+):
+    call = CALLS[operation.operation_id]
+    values = call.values(world)
+    path = operation.path.format(**call.params(world)) + query_string(operation, values, optional_empty=empty_query)
+    body = None
+    if content_type:
+        bodies = request_bodies(api_schema(), operation, values)
+        body = next(b for b in bodies if (b.variant, b.content_type) == (variant, content_type))
+    response = send(world, call, operation.method, path, body)
+    assert response.status_code == call.status, (
+        f"{operation.method.upper()} {path} with {body.fields if body else 'no body'}"
+        f"{' as ' + body.label if body else ''}: {response.status_code} {response.content[:800]!r}"
+    )
+    if call.check is not None:
+        answer = response.json() if response.get("Content-Type") == "application/json" else response
+        call.check(world, body, answer)
+
+
+def send(world: World, call: Call, method: str, path: str, body: Body | None) -> Any:
+    person = world.people[call.who]
+    client = session(person.username) if call.session else person.client
+    headers = {} if call.session else {"Authorization": f"Bearer {person.token}"}
+    data, content_type = body.encode() if body is not None else (b"", "application/octet-stream")
+    if method == "get":
+        return client.get(path, headers=headers)
+    with TestCase.captureOnCommitCallbacks(execute=call.runs_tasks):
+        return client.generic(method.upper(), path, data, content_type=content_type, headers=headers)
+
+
+def test_the_variants_cover_each_kind_of_body():
+    """The walk sends JSON with only what is required, JSON with empty strings, and forms with empty fields."""
+    variants = {case.values[1] for case in _cases()}
+    assert variants == {REQUIRED_ONLY, EMPTY_STRINGS, EMPTY_FIELDS, "no body"}
+    assert any(case.values[3] for case in _cases())
