@@ -8,6 +8,8 @@ class RegistryConfig(AppConfig):
     def ready(self) -> None:
         from django.contrib.auth.signals import user_login_failed
 
+        from registry.api import schema  # noqa: F401 - registers the bearer token's OpenAPI description
+
         from registry.access import lockout
         from registry.access.refusals import on_user_login_failed
 

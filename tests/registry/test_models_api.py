@@ -127,6 +127,17 @@ def test_schema_and_docs_are_served(outsider):
     assert outsider.client.get("/api/docs/").status_code == 200
 
 
+def test_the_schema_says_a_client_signs_in_with_a_bearer_token_or_a_session(outsider):
+    import yaml
+
+    schema = yaml.safe_load(outsider.get("/api/schema/").content)
+    assert schema["components"]["securitySchemes"]["bearerAuth"]["type"] == "http"
+    assert schema["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
+    assert set(schema["components"]["securitySchemes"]) == {"bearerAuth", "cookieAuth"}
+    upload = schema["paths"]["/api/v1/models/{name}/versions"]["post"]
+    assert upload["security"] == [{"bearerAuth": []}, {"cookieAuth": []}]
+
+
 def test_patch_serving_settings(owner, registered):
     response = owner.patch(
         f"/api/v1/models/{registered}",
