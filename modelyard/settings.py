@@ -261,7 +261,11 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "retry-webhook-deliveries": {"task": "registry.tasks.retry_webhook_deliveries", "schedule": 30.0},
     # Incremental: each run checks only the events appended since the last one (at most AUDIT_VERIFY_MAX_EVENTS).
     "verify-audit-chain": {"task": "registry.tasks.verify_audit_chain", "schedule": 300.0},
+    # Versions validated before the batching check existed are served without merging until it has run.
+    "recheck-batching": {"task": "registry.tasks.recheck_batching", "schedule": 300.0},
 }
+# How many of them one run re-validates (each a sandboxed validation); 0 turns the re-check off.
+BATCH_RECHECK_PER_RUN = env_int("MODELYARD_BATCH_RECHECK_PER_RUN", 2, minimum=0)
 AUDIT_VERIFY_MAX_EVENTS = env_int("MODELYARD_AUDIT_VERIFY_MAX_EVENTS", 100_000, minimum=1)
 
 # --- Webhooks --------------------------------------------------------------------------------

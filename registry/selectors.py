@@ -13,6 +13,7 @@ from registry.models import (
     PRODUCTION,
     Alias,
     AliasMove,
+    BatchCheck,
     DeriveJob,
     ModelFile,
     ModelVersion,
@@ -64,6 +65,12 @@ def version_stuck_ids(*, pending_older_than: timedelta) -> list[int]:
             | Q(status=VersionStatus.VALIDATING, validation_heartbeat_at__lt=stale)
         ).values_list("pk", flat=True)
     )
+
+
+def version_batch_unchecked_ids(*, limit: int) -> list[int]:
+    """Ready versions validated before validation checked whether their requests may be merged, oldest first."""
+    unchecked = ModelVersion.objects.filter(status=VersionStatus.READY, batch_check=BatchCheck.UNCHECKED, batch_note="")
+    return list(unchecked.order_by("pk").values_list("pk", flat=True)[:limit])
 
 
 def alias_list(*, model: RegisteredModel) -> QuerySet[Alias]:

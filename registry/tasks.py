@@ -59,6 +59,24 @@ def sweep_stuck_versions(pending_older_than_seconds: int = 300) -> list[int]:
     return ids
 
 
+@shared_task
+def recheck_batching() -> list[int]:
+    """Validation's batching check for ready versions validated before it existed, a few per run.
+
+    The check needs what validation builds (the session, the inputs, the time left), so the stored files
+    are validated again in the sandbox; only the verdict is recorded.
+    """
+    ids = selectors.version_batch_unchecked_ids(limit=settings.BATCH_RECHECK_PER_RUN)
+    for version_id in ids:
+        version = ModelVersion.objects.select_related("model").get(pk=version_id)
+        try:
+            result = validation_job.validate_stored_version(version, keep_claim=False)
+        except StorageUnavailable:
+            continue  # the next run tries again
+        validation.version_record_batch_check(version_id=version_id, result=result)
+    return ids
+
+
 # A job still running this long past its own limit was lost with its worker.
 LOST_JOB_GRACE_SECONDS = 600
 

@@ -63,15 +63,20 @@ def fetch_version_files(version: ModelVersion, target: Path) -> Path:
     return model_path
 
 
-def validate_stored_version(version: ModelVersion) -> ValidationResult:
+def validate_stored_version(version: ModelVersion, *, keep_claim: bool = True) -> ValidationResult:
     """Fetch the version's files and validate them in a child process under the configured limits.
 
     Every outcome is a result to record, except the two that may pass: storage that cannot be
     reached (the caller retries) and a database error (the version stays claimed and the sweep
-    takes it over once its heartbeat is stale, within the attempt limit).
+    takes it over once its heartbeat is stale, within the attempt limit). ``keep_claim=False`` is a
+    ready version validated again for what the checks of this release find (``tasks.recheck_batching``),
+    which holds no claim to keep alive.
     """
     try:
-        return _validate_stored_version(version)
+        if not keep_claim:
+            return _validate_files(version)
+        with heartbeat(version.pk):
+            return _validate_files(version)
     except (StorageUnavailable, DatabaseError):
         raise
     except Exception as exc:  # anything else would fail again on every retry: record it
@@ -79,10 +84,10 @@ def validate_stored_version(version: ModelVersion) -> ValidationResult:
         return ValidationResult(errors=[f"validation could not finish: {type(exc).__name__}: {readable(str(exc))}"])
 
 
-def _validate_stored_version(version: ModelVersion) -> ValidationResult:
+def _validate_files(version: ModelVersion) -> ValidationResult:
     work_root = Path(settings.VALIDATION_WORK_DIR)
     work_root.mkdir(parents=True, exist_ok=True)
-    with heartbeat(version.pk), tempfile.TemporaryDirectory(prefix=f"v{version.pk}-", dir=work_root) as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"v{version.pk}-", dir=work_root) as tmp:
         try:
             model_path = fetch_version_files(version, Path(tmp))
         except ObjectNotFound as exc:

@@ -11,7 +11,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from onnxkit.validation import ValidationResult
+from onnxkit.validation import BATCH_UNCHECKED, ValidationResult
 from registry.audit.chain import SYSTEM, audit_record
 from registry.benchmarks.services import benchmarks_request
 from registry.models import FileRole, ModelVersion, VersionStatus, WebhookEvent
@@ -124,5 +124,38 @@ def version_record_validation(*, version_id: int, result: ValidationResult) -> M
             "errors": version.errors,
             "warnings": version.warnings,
         },
+    )
+    return version
+
+
+@transaction.atomic(durable=True)
+def version_record_batch_check(*, version_id: int, result: ValidationResult) -> ModelVersion | None:
+    """Store the batching verdict found for a ready version validated before the check existed.
+
+    Only the verdict changes (status, signature and errors stay as recorded at upload); a version that
+    has a verdict already, or is no longer ready, is left alone, so a second delivery writes nothing.
+    """
+    version = (
+        ModelVersion.objects.select_for_update()
+        .select_related("model")
+        .filter(pk=version_id, status=VersionStatus.READY, batch_check=BATCH_UNCHECKED, batch_note="")
+        .first()
+    )
+    if version is None:
+        return None
+    if not result.ok:
+        check, note = BATCH_UNCHECKED, f"the batching check could not run: validation now says: {result.errors[0]}"
+    else:
+        check, note = result.batch_check, result.batch_note or "the batching check could not run"
+    version.batch_check, version.batch_note = check, note
+    version.save(update_fields=["batch_check", "batch_note"])
+    audit_record(
+        actor=SYSTEM,
+        action="version.batch_check",
+        target_type="version",
+        target=f"{version.model.name}/{version.version}",
+        model_name=version.model.name,
+        before={"batch_check": BATCH_UNCHECKED},
+        after={"batch_check": check, "batch_note": note},
     )
     return version
