@@ -14,7 +14,7 @@ UV_COMPILE := --universal --python-version 3.11 --generate-hashes --quiet --cust
 PORT ?= 8000
 GRPC_PORT ?=
 
-.PHONY: install install-gpu lock run test lint typecheck services bench bench-install bench-serve check-gpu-wheel docs docs-build clean
+.PHONY: install install-gpu lock run test checks migrations suite lint typecheck services bench bench-install bench-serve check-gpu-wheel docs docs-build clean
 
 install: $(VENV)/.installed-$(ORT)
 
@@ -65,7 +65,7 @@ lint: $(TEST_DEPS)
 	$(BIN)/ruff format --check .
 
 typecheck: $(TEST_DEPS)
-	$(BIN)/mypy modelyard onnxkit registry storage inference bench
+	$(BIN)/mypy modelyard onnxkit registry storage inference bench tests
 
 # The GPU variant in a fresh venv (no CUDA libraries, no GPU): exactly one ONNX Runtime, CUDA among its
 # providers, the fallback says why; then the CPU wheel over it, which start-up must refuse. pip's cache
@@ -80,10 +80,23 @@ check-gpu-wheel:
 	$(GPU_CHECK_VENV)/bin/python scripts/check_gpu_wheel.py --expect-refusal
 	rm -rf $(GPU_CHECK_VENV)
 
-test: $(TEST_DEPS) services lint typecheck docs-build
+# Everything CI checks: the static checks beside the suite (two jobs), each job's output kept together.
+test: $(TEST_DEPS) services
+	$(MAKE) --no-print-directory -j2 --output-sync=target checks suite
+
+checks: lint typecheck docs-build migrations
+
+migrations: $(TEST_DEPS)
 	$(BIN)/python manage.py makemigrations --check --dry-run
-	$(BIN)/pytest
-	$(BIN)/pytest -m slow
+
+# The whole suite, slow tests included and scheduled first, over TEST_WORKERS processes; tests that share a
+# broker or network namespaces keep to one worker (tests/support/scheduling.py). Line coverage of the project
+# (tests and the processes they start) must reach 90% (pyproject.toml: [tool.coverage]).
+TEST_WORKERS ?= 4
+suite: $(TEST_DEPS) services
+	rm -rf build/coverage && mkdir -p build/coverage
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "slow or not slow" --durations=20 \
+		--cov --cov-report=term --cov-fail-under=90
 
 bench: $(TEST_DEPS) services
 	$(BIN)/python bench/upload.py

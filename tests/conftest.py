@@ -16,6 +16,19 @@ from registry.models import Role
 from storage import get_storage
 from tests.support.people import Person, make_person
 from tests.support.s3 import S3_PREFIX, delete_bucket, moto_server
+from tests.support.scheduling import check_groups_arrived, schedule
+from tests.support.validation_memo import HOOK, remembered_validate_in_child
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups into the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slow tests first, and tests that share a broker, a queue or a network namespace on one worker."""
+    schedule(items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """On an xdist worker, refuse to run if the groups did not reach the scheduler (see pyproject's pytest pin)."""
+    check_groups_arrived(session.config, session.items)
 
 
 @pytest.fixture
@@ -52,6 +65,13 @@ def _fresh_storage(tmp_path: Any, settings: Any) -> Iterator[None]:
     get_storage.cache_clear()
     yield
     get_storage.cache_clear()
+
+
+@pytest.fixture(autouse=True)
+def _remembered_validation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each distinct bundle is validated for real once per session (tests/support/validation_memo.py)."""
+    if request.node.get_closest_marker("real_validation") is None:
+        monkeypatch.setattr(HOOK, remembered_validate_in_child)
 
 
 @pytest.fixture(autouse=True)

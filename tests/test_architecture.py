@@ -385,14 +385,14 @@ class _Names:
         found = set()
         for child in node.body:
             found |= {name for name, _ in _Names._defined(child)}
-        for child in ast.walk(node):
+        for sub in ast.walk(node):
             if (
-                isinstance(child, ast.Attribute)
-                and isinstance(child.ctx, ast.Store)
-                and isinstance(child.value, ast.Name)
-                and child.value.id == "self"
+                isinstance(sub, ast.Attribute)
+                and isinstance(sub.ctx, ast.Store)
+                and isinstance(sub.value, ast.Name)
+                and sub.value.id == "self"
             ):
-                found.add(child.attr)
+                found.add(sub.attr)
         return found
 
     def resolves(self, dotted: str, depth: int = 0) -> bool:

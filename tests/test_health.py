@@ -19,6 +19,10 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from modelyard import health
+
+# Imported at collection: its django.setup() configures logging again, which would detach the handler of
+# a test's caplog if the first import came inside that test.
+from modelyard.asgi import application
 from modelyard.env import StorageConfig
 from registry.models import AuditEvent
 from storage import get_storage
@@ -32,8 +36,6 @@ ALL_UP = {"database": "ok", "storage": "ok", "broker": "ok"}
 
 def call(path: str, *, method: str = "GET", host: str = "127.0.0.1:8000") -> tuple[int, dict[str, Any]]:
     """One request through the ASGI entry point, with ``host`` as its Host header."""
-    from modelyard.asgi import application
-
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:

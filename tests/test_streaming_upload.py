@@ -321,10 +321,12 @@ def test_many_bodies_that_end_inside_a_file_part_leave_a_real_servers_threads_an
             status, response = post_unterminated(web.port, owner.token, registered, kinds[i % 2])
             assert (status, json.loads(response)) == (400, UNTERMINATED), web.log()
 
-        # Each such upload held a thread and two descriptors for good before: 150 more of each.
+        # Each such upload held a thread and two descriptors for good before: +150 threads, +300 descriptors.
+        # What a healthy server adds meanwhile stays far below that: an executor thread made lazily, a
+        # database connection per thread that first touches the database (CI saw +8 descriptors).
         def settled() -> bool:
             now = process_usage(pid)
-            return now[0] <= threads + 4 and now[1] <= fds + 4
+            return now[0] <= threads + 8 and now[1] <= fds + 24
 
         eventually(settled, timeout=30, what=lambda: f"before {(threads, fds, rss)}, now {process_usage(pid)}")
         assert process_usage(pid)[2] - rss < 32 * 1024, (rss, process_usage(pid))  # KiB: no 150 buffers kept

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import email.message
 import email.parser
 import io
 import json
 import os
 import stat
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -185,9 +187,11 @@ def test_the_body_streams_files_block_by_block_with_an_exact_length(tmp_path, mo
     message = email.parser.BytesParser().parsebytes(
         f"Content-Type: {body.content_type}\r\n\r\n".encode() + data  # parse it back as any server would
     )
+    # A multipart message's payload is its list of parts; the stubs type it for any message.
+    subparts = cast(list[email.message.Message], message.get_payload())
     parts = [
         (p.get_param("name", header="content-disposition"), p.get_filename(), p.get_payload(decode=True))
-        for p in message.get_payload()
+        for p in subparts
     ]
     assert parts == [
         ("description", None, b"first cut"),

@@ -48,11 +48,13 @@ def compat_database(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
     """
     from django.test.utils import setup_databases, teardown_databases
 
-    if connection.settings_dict["NAME"] == connection.creation._get_test_db_name():
+    # _get_test_db_name is Django's own (private, so django-stubs leave it out).
+    if connection.settings_dict["NAME"] == connection.creation._get_test_db_name():  # type: ignore[attr-defined]
         yield  # pytest-django already made it for the other tests of this run
         return
     with django_db_blocker.unblock():
-        created = setup_databases(verbosity=0, interactive=False, aliases={"default"})
+        # Django only tests membership in aliases (its test runner passes a dict); django-stubs ask for a Mapping.
+        created = setup_databases(verbosity=0, interactive=False, aliases={"default"})  # type: ignore[arg-type]
     yield
     with django_db_blocker.unblock():
         terminate_stray_backends()

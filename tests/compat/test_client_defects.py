@@ -149,7 +149,9 @@ def test_a_request_waiting_for_its_batch_to_fill_counts_against_max_queue_size(v
     batcher = v2.loaded("slowfill").batcher
     body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]})
     first: list[Any] = []
-    thread = threading.Thread(target=lambda: first.append(v2.request("POST", "/v2/models/slowfill/infer", body)))
+    thread = threading.Thread(
+        target=lambda: first.append(v2.request("POST", "/v2/models/slowfill/infer", body.encode()))
+    )
     thread.start()
     deadline = time.monotonic() + 20
     while not batcher.started:  # the first request reached the batcher, and waits a second for company

@@ -29,7 +29,7 @@ from inference.protocol import decode_request
 from tests.support.v2server import V2Server
 
 UNKNOWN_MODEL = "Request for unknown model"
-INPUT0 = np.expand_dims(np.arange(start=0, stop=16, dtype=np.int32), axis=0)
+INPUT0 = np.expand_dims(np.arange(0, 16, dtype=np.int32), axis=0)
 INPUT1 = np.full(shape=(1, 16), fill_value=-1, dtype=np.int32)
 QUERY = {"test_1": 1, "test_2": 2}
 RAW = {"Inference-Header-Content-Length": "0"}

@@ -116,6 +116,7 @@ def variables_read() -> set[str]:
                     and node.func.id == "env_str"
                     and node.args
                     and isinstance(node.args[0], ast.Constant)
+                    and isinstance(node.args[0].value, str)
                 ):
                     names.add(f"{node.args[0].value}_FILE")
     return names

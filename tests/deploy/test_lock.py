@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
+from typing import cast
 
 import pytest
 from packaging.markers import default_environment
@@ -46,7 +47,9 @@ def requirements_of(extras: list[str]) -> list[Requirement]:
 @pytest.mark.parametrize("lock", sorted(LOCKS))
 def test_each_lock_satisfies_what_pyproject_asks_for(lock):
     pinned = pins(lock)
-    linux = default_environment() | {"sys_platform": "linux", "platform_machine": "x86_64", "python_version": "3.11"}
+    # Environment is a TypedDict of str values, which mypy will not take as the Mapping that evaluate() asks for.
+    environment = cast(dict[str, str], default_environment())
+    linux = environment | {"sys_platform": "linux", "platform_machine": "x86_64", "python_version": "3.11"}
     for requirement in requirements_of(LOCKS[lock]):
         if requirement.marker is not None and not requirement.marker.evaluate(linux):
             continue

@@ -18,7 +18,13 @@ def test_fixed_numeric_inputs_get_a_limit_from_their_element_count():
 
 
 def test_a_dynamic_dimension_bytes_or_no_inputs_keep_the_global_limit():
-    for sig in (signature(("FP32", [-1, 3])), signature(("FP32", [2]), ("BYTES", [1])), {"inputs": []}, {}):
+    sigs: list[dict[str, object]] = [
+        signature(("FP32", [-1, 3])),
+        signature(("FP32", [2]), ("BYTES", [1])),
+        {"inputs": []},
+        {},
+    ]
+    for sig in sigs:
         limit = body_limit("m", sig, GLOBAL)
         assert (limit.bytes, limit.source) == (GLOBAL, "MODELYARD_V2_MAX_BODY_BYTES")
 

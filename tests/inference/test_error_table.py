@@ -22,7 +22,7 @@ def test_every_domain_error_has_a_status():
 
 def test_answers_carry_the_message_retry_after_and_connection_close():
     limited = error_response(errors.RateLimited("rate limit passed", retry_after=30), close=True)
-    assert (limited.status_code, json.loads(limited.body)) == (429, {"error": "rate limit passed"})
+    assert (limited.status_code, json.loads(bytes(limited.body))) == (429, {"error": "rate limit passed"})
     assert (limited.headers["retry-after"], limited.headers["connection"]) == ("30", "close")
 
     not_ready = error_response(errors.ModelNotReady("model 'm' is not loaded yet"))

@@ -293,9 +293,9 @@ def test_a_fleet_across_hosts_converges_marks_a_cut_host_offline_and_takes_it_ba
 
         # --- Three inference hosts ------------------------------------------------------------------------------
         for host in hosts:
-            log = tmp_path / f"{host.name}.log"
+            log_path = tmp_path / f"{host.name}.log"
             servers.append(
-                ServeProcess(host.name, "inference", env(host.name), log, host=host.address, netns=host.netns)
+                ServeProcess(host.name, "inference", env(host.name), log_path, host=host.address, netns=host.netns)
             )
         inference = dict(zip((h.name for h in hosts), servers[1:], strict=True))
         for server in inference.values():

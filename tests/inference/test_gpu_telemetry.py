@@ -33,6 +33,13 @@ def nvml(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     telemetry.reset()
 
 
+@pytest.fixture(autouse=True)
+def _inference_exposition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scrape of an inference process: GPU telemetry is its only collector (importing ``modelyard.asgi``,
+    as other tests in this process may have, adds the registry's, which reads the database)."""
+    monkeypatch.setattr(exposition, "_collectors", [GPU])
+
+
 @pytest.fixture
 def real_nvml() -> Iterator[None]:
     telemetry.reset()
@@ -81,7 +88,7 @@ def test_each_gpu_is_read_per_scrape_with_what_it_supports(nvml):
         assert ("modelyard_gpu_utilization_ratio", labels[0], 0.12) in gpu_samples()  # read again, live
     finally:
         H200.utilisation_percent = 97
-    assert sys.modules["pynvml"].inits == 1  # type: ignore[attr-defined]  # NVML started once
+    assert sys.modules["pynvml"].inits == 1  # NVML started once
 
 
 def test_the_collector_describes_every_gpu_metric_it_can_export():

@@ -63,7 +63,12 @@ def test_the_queue_depth_gauge_is_written_only_when_it_changes(monkeypatch):
     counted = VersionMetrics("demo-depth", "1")
     writes: list[float] = []
     write = counted.queue.set
-    monkeypatch.setattr(counted.queue, "set", lambda value: (writes.append(value), write(value)))
+
+    def recording(value: float) -> None:
+        writes.append(value)
+        write(value)
+
+    monkeypatch.setattr(counted.queue, "set", recording)
     for depth in (0, 0, 0, 3, 3, 1, 0, 0):
         counted.queue_depth(depth)
     assert writes == [0, 3, 1, 0]

@@ -6,6 +6,9 @@ of whichever process answered (8, then 3, ...), which Prometheus reads as counte
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
 from inference.metrics import GpuCollector
 from registry.tasks import verify_audit_chain
 from tests.support.live import LiveServer, promote
@@ -18,6 +21,9 @@ from tests.support.prometheus import (
     scrape,
     value,
 )
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 REQUESTS = "modelyard_inference_requests_total"
 
@@ -118,11 +124,9 @@ def onnx_bytes() -> bytes:
     return add_model_bytes(bias=9.0)
 
 
-def _described(family: object) -> list[object]:
+def _described(family: Metric) -> list[SimpleNamespace]:
     """A described family has no samples; stand in its sample names (a gauge's sample is its name)."""
-    from types import SimpleNamespace
-
-    return [SimpleNamespace(name=family.name)]  # type: ignore[attr-defined]
+    return [SimpleNamespace(name=family.name)]
 
 
 def test_a_real_prometheus_sees_the_error_rate_alert_go_pending(live: LiveServer, tmp_path):

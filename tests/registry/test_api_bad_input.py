@@ -7,6 +7,7 @@ well-formed but impossible date, a hand-made cursor, and NUL bytes that PostgreS
 from __future__ import annotations
 
 import base64
+from typing import TYPE_CHECKING
 
 import pytest
 from django.test import Client
@@ -14,6 +15,10 @@ from django.test import Client
 from registry.models import ModelVersion, RegisteredModel, Role
 from tests.support.onnx_models import add_model_bytes
 from tests.support.people import Person, make_person
+
+if TYPE_CHECKING:
+    # What django-stubs call a test client's response; it exists only in the stubs.
+    from django.test.client import _MonkeyPatchedWSGIResponse
 
 pytestmark = pytest.mark.django_db
 
@@ -42,7 +47,7 @@ def root(registered: str) -> Person:
     return person
 
 
-def send(person: Person, method: str, path: str, body: str) -> object:
+def send(person: Person, method: str, path: str, body: str) -> _MonkeyPatchedWSGIResponse:
     call = getattr(person.client, method)
     return call(path, body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {person.token}")
 

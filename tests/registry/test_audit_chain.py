@@ -33,7 +33,7 @@ def ten_events(db):
     assert list(AuditEvent.objects.values_list("seq", flat=True)) == list(range(1, 11))
 
 
-def _sql(statement: str, params: list[object] | None = None) -> None:
+def _sql(statement: str, params: list[str] | None = None) -> None:
     with connection.cursor() as cursor:
         cursor.execute(statement, params)
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import tracemalloc
+from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
 
 import pytest
 
@@ -18,8 +21,10 @@ EVENTS = 100_000
 # size of either export body, so holding the body, or the rows, would fail it.
 PEAK_BOUND = 25 * 1024 * 1024
 
+T = TypeVar("T")
 
-def _peak_while(consume) -> tuple[object, int]:
+
+def _peak_while(consume: Callable[[], T]) -> tuple[T, int]:
     tracemalloc.start()
     try:
         baseline = tracemalloc.get_traced_memory()[0]
@@ -46,7 +51,7 @@ def test_export_of_100k_events_streams_in_constant_memory(db):
     for fmt, header_lines in [("csv", 1), ("jsonl", 0)]:
         response = auditor.get(f"/api/v1/audit/export?format={fmt}")
         assert response.status_code == 200
-        (lines, size), peak = _peak_while(lambda response=response: _count_lines(response))
+        (lines, size), peak = _peak_while(partial(_count_lines, response))
         assert lines == total + header_lines
         assert size > PEAK_BOUND
         assert peak < PEAK_BOUND, f"{fmt}: peak {peak / 2**20:.1f} MB while streaming {size / 2**20:.0f} MB"

@@ -18,6 +18,8 @@ from onnxkit.validation import validate_bundle, validate_in_child
 from tests.support.onnx_models import add_model, first_dim_model, fixed_add_model, mlp_model, string_parsing_model
 from tests.support.text_models import text_model_bytes, tiny_tokenizer_json
 
+pytestmark = pytest.mark.real_validation  # validation itself: no memo (tests/support/validation_memo.py)
+
 NOT_A_BATCH = "the first dimension is not a batch"
 A_BATCH = "the first dimension is a batch"
 
@@ -95,7 +97,7 @@ def test_a_fixed_first_dimension_is_never_merged_and_not_run_again(tmp_path):
 
 
 def test_a_sample_of_several_rows_is_checked_in_two_halves(tmp_path):
-    rows = [[0.5, 1, 2, 3], [4, 5, 6, 7], [-1, 0, 1, 2], [9, 8, 7, 6]]
+    rows: list[list[float]] = [[0.5, 1, 2, 3], [4, 5, 6, 7], [-1, 0, 1, 2], [9, 8, 7, 6]]
     unsafe = validate(tmp_path, first_dim_model("softmax0").SerializeToString(), samples(rows))
     assert unsafe.batch_check == "unsafe"
     assert re.fullmatch(

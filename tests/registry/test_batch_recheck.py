@@ -15,6 +15,8 @@ from registry.tasks import recheck_batching
 from tests.support.onnx_models import add_model, first_dim_model
 from tests.support.people import Person
 
+pytestmark = pytest.mark.real_validation  # validation itself: no memo (tests/support/validation_memo.py)
+
 
 def upload(person: Person, model: str, files: list[tuple[str, bytes]]) -> ModelVersion:
     response = person.upload(model, files)

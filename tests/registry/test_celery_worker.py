@@ -140,7 +140,8 @@ class Worker:
 @pytest.fixture
 def start_worker(celery_on_redis: None, tmp_path: Path) -> Iterator[Callable[[str], Worker]]:
     """Start real worker processes on the test's database, artifact folder and broker; kill them all at the end."""
-    database = django_settings.DATABASES["default"]
+    # Django types a DATABASES entry's values Any; modelyard.settings infers them as object from its helper.
+    database: dict[str, Any] = django_settings.DATABASES["default"]
     assert database["ENGINE"] == "django.db.backends.postgresql", "worker tests need the PostgreSQL test database"
     credentials = quote(database["USER"] or "postgres")
     if database.get("PASSWORD"):
@@ -210,7 +211,8 @@ def test_worker_validates_uploads_end_to_end(owner, registered, start_worker):
 
     response = owner.upload(registered, [("model.onnx", add_model_bytes())])
     assert response.status_code == 201, response.content
-    assert response.json()["status"] == "pending"
+    # The worker may have claimed it already by the time the answer is written.
+    assert response.json()["status"] in {"pending", "validating"}
     version = ModelVersion.objects.get(model__name=registered, version=response.json()["version"])
     version = wait_for_status(version.pk, {"ready", "failed"}, timeout=30, workers=(worker,))
     assert version.status == VersionStatus.READY, version.errors
@@ -350,27 +352,32 @@ def _nul_location_files(folder: Path) -> list[tuple[str, bytes]]:
     return [("model.onnx", path.read_bytes()), ("weights.bin", (folder / "weights.bin").read_bytes())]
 
 
+# The endless loop's time limit is short, yet long enough for the child to start and load the model on a
+# busy machine (the failure names the step the limit stopped); the other case keeps the default limit.
 @pytest.mark.parametrize(
-    ("files", "error"),
+    ("files", "timeout", "error"),
     [
         (
             _nul_location_files,
+            None,
             "tensor 'w' stores its data in 'weights\\x00.bin', a name with control characters; "
             "no uploaded file can have that name",
         ),
         (
             lambda folder: [("loop.onnx", endless_loop_model().SerializeToString())],
-            "validation stopped after 2 s (MODELYARD_VALIDATION_TIMEOUT_SECONDS) while running the model once in "
+            6,
+            "validation stopped after 6 s (MODELYARD_VALIDATION_TIMEOUT_SECONDS) while running the model once in "
             "ONNX Runtime",
         ),
     ],
     ids=["nul-byte-in-location", "endless-loop"],
 )
 def test_a_hostile_model_fails_on_its_first_delivery_and_is_not_retried(
-    owner, registered, monkeypatch, settings, tmp_path, files, error
+    owner, registered, monkeypatch, settings, tmp_path, files, timeout, error
 ):
     monkeypatch.setattr(queueing, "validation_enqueue", lambda version_id: None)
-    settings.VALIDATION_TIMEOUT_SECONDS = 2
+    if timeout is not None:
+        settings.VALIDATION_TIMEOUT_SECONDS = timeout
     response = owner.upload(registered, files(tmp_path / "m"))
     assert response.status_code == 201, response.content
     version = ModelVersion.objects.get()

@@ -113,7 +113,7 @@ def test_fp16_of_a_model_that_casts_its_mask_to_float_loads(owner: Person, regis
     assert child.status == VersionStatus.READY, child.errors
     [cast] = [node for node in onnx.load_from_string(stored_model(child)).graph.node if node.output == ["m"]]
     assert cast.attribute[0].i == TensorProto.FLOAT16
-    feeds = {
+    feeds: dict[str, np.ndarray] = {
         "x": np.random.default_rng(3).standard_normal((4, 8)).astype(np.float32),
         "mask": np.ones((4, 8), np.int64),
     }

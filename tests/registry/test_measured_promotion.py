@@ -106,7 +106,7 @@ def test_the_request_and_its_review_show_the_line(mia: Person, ana: Person, cand
     assert f'<p id="measured-line" class="wrap"><strong>{line}</strong></p>' in html
     assert "batch 32: 1900/s" in html and "batch 32: 1000/s" in html  # both benchmarks, side by side
     assert "<code>scores</code>" in html  # the accuracy delta per output
-    request_page = mia.client.get("/ui/models/demo/promote", {"alias": "production", "version": 2})
+    request_page = mia.client.get("/ui/models/demo/promote", {"alias": "production", "version": "2"})
     assert f"<strong>{line}</strong>" in request_page.content.decode()
     compare_page = mia.client.get("/ui/models/demo/compare", {"a": 1, "b": 2})
     assert compare_page.context["diff"]["measured"].line() == line.replace(" (production)", "")
@@ -213,7 +213,7 @@ def test_the_request_page_offers_force_past_the_policy_and_says_to_tick_it(
     mia: Person, admin: Person, candidate: ModelVersion
 ) -> None:
     set_policy(admin, max_slowdown_percent=5)  # v2's benchmark has not run; its signature is v1's
-    page = mia.client.get("/ui/models/demo/promote", {"alias": "production", "version": 2})
+    page = mia.client.get("/ui/models/demo/promote", {"alias": "production", "version": "2"})
     assert page.context["diff"]["breaking"] == [] and page.context["diff"]["policy_violations"]
     assert b'<input type="checkbox" name="force" value="on">' in page.content
 

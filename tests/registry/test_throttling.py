@@ -117,7 +117,11 @@ def test_off_disables_a_limit(owner, settings):
 
 
 def _redis_caches(prefix: str) -> dict[str, dict[str, object]]:
-    redis = {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": prefix}
+    redis: dict[str, object] = {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": REDIS_URL,
+        "KEY_PREFIX": prefix,
+    }
     return {"default": redis, "second": dict(redis)}
 
 

@@ -7,6 +7,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import uvicorn
@@ -39,7 +40,8 @@ def files(*parts: tuple[str, bytes]) -> list[SimpleUploadedFile]:
 
 
 def post(client: Client, data: dict, *, header: bool = True):
-    extra = {"HTTP_X_CSRFTOKEN": client.cookies["csrftoken"].value} if header else {}
+    # WSGI environ entries, passed as **extra; typed Any as they would match post()'s named parameters otherwise.
+    extra: dict[str, Any] = {"HTTP_X_CSRFTOKEN": client.cookies["csrftoken"].value} if header else {}
     with TestCase.captureOnCommitCallbacks(execute=True):  # validation runs as the request's commit would run it
         return client.post("/ui/models/demo/upload", data, **extra)
 

@@ -9,7 +9,7 @@ import pytest
 from registry.models import AuditEvent, ModelVersion
 from tests.support.onnx_models import external_data_model, unknown_op_model, unrunnable_model
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.real_validation]  # validation itself: no memo
 
 
 def upload_and_get(person, model, files):

@@ -13,7 +13,7 @@ import pytest
 
 from tests.support.onnx_models import add_model_bytes, string_parsing_model, unrunnable_model
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.real_validation]  # validation itself: no memo
 
 MODEL = ("model.onnx", string_parsing_model().SerializeToString())
 

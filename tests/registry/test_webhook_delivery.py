@@ -19,7 +19,7 @@ from registry.webhooks import services as webhooks
 from tests.support.onnx_models import unrunnable_model
 from tests.support.polling import eventually
 from tests.support.registry import create_model, set_alias, upload_versions
-from tests.support.webhooks import webhook_receiver
+from tests.support.webhooks import Received, webhook_receiver
 
 SECRET = "a-long-enough-webhook-secret"
 
@@ -91,7 +91,7 @@ def test_every_event_arrives_signed_after_commit_from_the_delivery_thread(owner,
     assert not any(request.signature_ok("another-secret-of-some-length") for request in receiver.received)
     eventually(lambda: set(WebhookDelivery.objects.values_list("status", flat=True)) == {DeliveryStatus.DELIVERED})
 
-    by_event = {}
+    by_event: dict[str, list[Received]] = {}
     for request in receiver.received:
         by_event.setdefault(request.json["event"], []).append(request)
     [moved] = by_event["alias.moved"]

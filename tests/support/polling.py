@@ -10,7 +10,7 @@ T = TypeVar("T")
 
 
 def eventually(
-    condition: Callable[[], T], *, timeout: float = 20.0, interval: float = 0.02, what: Callable[[], str] | str = ""
+    condition: Callable[[], T], *, timeout: float = 20.0, interval: float = 0.02, what: Callable[[], object] | str = ""
 ) -> T:
     """Call ``condition`` until it returns something truthy, and return that; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -19,7 +20,7 @@ def stored_keys() -> list[str]:
 
 
 def upload_local(
-    model: str, parts: list[tuple[str, bytes | Path | BinaryIO]], *, actor: Actor, **fields: Any
+    model: str, parts: Sequence[tuple[str, bytes | Path | BinaryIO]], *, actor: Actor, **fields: Any
 ) -> ModelVersion:
     """``version_upload`` of local files; the validation it queues runs as a test's transaction would commit."""
     with TestCase.captureOnCommitCallbacks(execute=True):

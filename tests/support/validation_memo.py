@@ -1,0 +1,53 @@
+"""Validation results remembered within a test session, by the sha256 of every file of the bundle.
+
+Each upload validates its files in a fresh sandboxed interpreter (``onnxkit.sandbox``), 0.8 to 1.2 s on a
+busy machine. Most tests upload the same few tiny models to reach the behaviour they are about, so the
+suite would spend most of its time validating identical bytes. Validation is deterministic in its input:
+the files' bytes and names and the limits it runs under. The first validation of each distinct input
+still runs for real, in the sandbox; later ones get a copy of its result. A result that a limit cut
+short (``validation stopped ...``) depends on how busy the machine was, so it is never remembered.
+
+Tests about validation itself opt out with ``@pytest.mark.real_validation`` (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from pathlib import Path
+from typing import Any
+
+from onnxkit.validation import ValidationResult, validate_in_child
+
+# Where ``registry.validation.job`` looks the function up: the one name the memo replaces.
+HOOK = "registry.validation.job.validate_in_child"
+
+_remembered: dict[tuple[Any, ...], ValidationResult] = {}
+counts = {"validated": 0, "remembered": 0}
+
+
+def _bundle_digest(model_path: Path, file_names: set[str]) -> tuple[tuple[str, str], ...]:
+    folder = model_path.parent
+    digests = []
+    for name in sorted(file_names | {model_path.name}):
+        path = folder / name
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "missing"
+        digests.append((name, digest))
+    return tuple(digests)
+
+
+def _cut_short(result: ValidationResult) -> bool:
+    return any(error.startswith(("validation stopped", "validation could not finish")) for error in result.errors)
+
+
+def remembered_validate_in_child(model_path: Path, file_names: set[str], **limits: Any) -> ValidationResult:
+    """``validate_in_child`` with the same arguments, its result remembered by the bundle's sha256s."""
+    key = (model_path.name, _bundle_digest(model_path, file_names), tuple(sorted(limits.items())))
+    if key in _remembered:
+        counts["remembered"] += 1
+        return copy.deepcopy(_remembered[key])
+    result = validate_in_child(model_path, file_names, **limits)
+    counts["validated"] += 1
+    if not _cut_short(result):
+        _remembered[key] = copy.deepcopy(result)
+    return result
