@@ -13,7 +13,7 @@ from registry.models import AuditEvent, Role
 from tests.support.audit_factory import append_bulk_events
 from tests.support.people import make_person
 
-# Slow (about a minute on a busy machine): run by `make test` as its own step, `pytest -m slow`.
+# Slow (about two minutes on a busy machine): left out of a plain `pytest`; `make test` runs it first.
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
 EVENTS = 100_000
