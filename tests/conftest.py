@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import boto3
@@ -46,6 +47,19 @@ def approver(db: None) -> Person:
 def outsider(db: None) -> Person:
     """Signed in, with the viewer role only: may read, may not write."""
     return make_person("outsider", Role.VIEWER)
+
+
+@pytest.fixture
+def one_failure_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Failed logins and tokens are counted per source and calendar minute (``registry.access.refusals``):
+    a test that crossed a minute's end on a busy machine would see a second ``auth.failed``. With this
+    fixture, its failures all fall in the minute the test started in."""
+    from django.utils import timezone
+
+    from registry.access import refusals
+
+    started = timezone.now()
+    monkeypatch.setattr(refusals, "timezone", SimpleNamespace(now=lambda: started))
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from modelyard.processes import kill_group
 from registry.access.clients import client_address, request_id
 from registry.models import AuditEvent
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("one_failure_minute")]  # auth.failed per minute
 
 GENERATED = re.compile(r"[0-9a-f]{32}")
 

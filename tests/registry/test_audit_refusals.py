@@ -13,7 +13,7 @@ from registry.audit.chain import SYSTEM
 from registry.audit.verify import audit_verify
 from registry.models import ApiToken, AuditEvent
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("one_failure_minute")]  # auth.failed per minute
 
 
 def _only(action: str) -> AuditEvent:

@@ -12,7 +12,7 @@ from django.utils import timezone
 from registry.audit.verify import audit_verify
 from registry.models import AuditEvent, AuthFailureWindow, LoginFailure
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("one_failure_minute")]
 
 RIGHT = "correct horse battery staple"
 
