@@ -1,0 +1,101 @@
+"""The suite's own machinery: the validation memo and the xdist groups (tests/support/)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from onnxkit.validation import ValidationResult
+from tests.support import scheduling, validation_memo
+from tests.support.onnx_models import add_model_bytes, endless_loop_model
+
+LIMITS = {"timeout_seconds": 60, "memory_mb": 2048, "tokenizer_max_bytes": 64 * 2**20}
+
+
+@pytest.fixture
+def memo(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """An empty memo with fresh counts, so this test sees only its own validations."""
+    monkeypatch.setattr(validation_memo, "_remembered", {})
+    counts = {"validated": 0, "remembered": 0}
+    monkeypatch.setattr(validation_memo, "counts", counts)
+    return counts
+
+
+def bundle(folder: Path, name: str, data: bytes) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_bytes(data)
+    return path
+
+
+def test_the_memo_validates_each_distinct_bundle_for_real_once(memo, tmp_path):
+    first = validation_memo.remembered_validate_in_child(
+        bundle(tmp_path / "a", "model.onnx", add_model_bytes()), {"model.onnx"}, **LIMITS
+    )
+    # The same bytes in another folder: remembered, and an equal result that is a copy, not the same object.
+    again = validation_memo.remembered_validate_in_child(
+        bundle(tmp_path / "b", "model.onnx", add_model_bytes()), {"model.onnx"}, **LIMITS
+    )
+    assert first.ok and again == first and again is not first
+    assert memo == {"validated": 1, "remembered": 1}
+    again.errors.append("changed by a caller")
+    assert (
+        validation_memo.remembered_validate_in_child(
+            bundle(tmp_path / "c", "model.onnx", add_model_bytes()), {"model.onnx"}, **LIMITS
+        ).errors
+        == []
+    )
+
+    # Other bytes, another name or other limits are another validation.
+    validation_memo.remembered_validate_in_child(
+        bundle(tmp_path / "d", "model.onnx", add_model_bytes(bias=2.0)), {"model.onnx"}, **LIMITS
+    )
+    validation_memo.remembered_validate_in_child(
+        bundle(tmp_path / "e", "renamed.onnx", add_model_bytes()), {"renamed.onnx"}, **LIMITS
+    )
+    validation_memo.remembered_validate_in_child(
+        bundle(tmp_path / "f", "model.onnx", add_model_bytes()), {"model.onnx"}, **(LIMITS | {"memory_mb": 1024})
+    )
+    assert memo == {"validated": 4, "remembered": 2}
+
+
+def test_a_result_that_a_limit_cut_short_is_not_remembered(memo, tmp_path):
+    loop = endless_loop_model().SerializeToString()
+    limits = LIMITS | {"timeout_seconds": 3}
+    for folder in ("a", "b"):
+        result = validation_memo.remembered_validate_in_child(
+            bundle(tmp_path / folder, "loop.onnx", loop), {"loop.onnx"}, **limits
+        )
+        assert result.errors[0].startswith("validation stopped after 3 s")
+    assert memo == {"validated": 2, "remembered": 0}
+
+
+def test_only_a_cut_short_result_counts_as_cut_short():
+    assert validation_memo._cut_short(ValidationResult(errors=["validation could not finish: x"]))
+    assert not validation_memo._cut_short(ValidationResult(errors=["onnx.checker rejected the model: x"]))
+
+
+def test_tests_that_share_something_outside_the_process_get_one_group():
+    assert scheduling.group_of("tests/registry/test_celery_worker.py::test_x") == "broker"
+    assert scheduling.group_of("tests/test_health.py::test_x[redis]") == "broker"
+    assert scheduling.group_of("tests/compat/test_demo.py::test_x") == "compat"
+    assert scheduling.group_of("tests/cli/test_user_commands.py::test_x") == "tests/cli/test_user_commands.py"
+    assert scheduling.group_of("tests/registry/test_models_api.py::test_x") is None
+
+
+def test_every_grouped_path_exists():
+    root = Path(__file__).resolve().parent.parent
+    assert [prefix for prefix in scheduling.GROUPS if not (root / prefix).exists()] == []
+
+
+def test_groups_lost_on_the_way_to_the_scheduler_stop_the_run(pytestconfig, monkeypatch):
+    class Item:
+        def __init__(self, nodeid: str) -> None:
+            self.nodeid = nodeid
+
+    monkeypatch.setattr(pytestconfig.option, "loadgroup", True, raising=False)
+    kept = [Item("tests/compat/test_demo.py::test_x@compat"), Item("tests/test_docs.py::test_y")]
+    scheduling.check_groups_arrived(pytestconfig, kept)  # type: ignore[arg-type]  # only nodeid is read
+    with pytest.raises(pytest.UsageError, match=r"lost the xdist_group of 1 tests \(first: tests/compat/test_demo"):
+        scheduling.check_groups_arrived(pytestconfig, [Item("tests/compat/test_demo.py::test_x")])  # type: ignore[list-item]
