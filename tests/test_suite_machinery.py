@@ -99,3 +99,13 @@ def test_groups_lost_on_the_way_to_the_scheduler_stop_the_run(pytestconfig, monk
     scheduling.check_groups_arrived(pytestconfig, kept)  # type: ignore[arg-type]  # only nodeid is read
     with pytest.raises(pytest.UsageError, match=r"lost the xdist_group of 1 tests \(first: tests/compat/test_demo"):
         scheduling.check_groups_arrived(pytestconfig, [Item("tests/compat/test_demo.py::test_x")])  # type: ignore[list-item]
+
+
+def test_slow_tests_come_first_then_the_grouped_ones(request):
+    order = [item.nodeid for item in request.session.items]
+    slow = [i for i, item in enumerate(request.session.items) if item.get_closest_marker("slow")]
+    grouped = [i for i, nodeid in enumerate(order) if scheduling.group_of(nodeid)]
+    placed = set(slow) | set(grouped)
+    rest = [i for i in range(len(order)) if i not in placed]
+    assert rest, "this test itself is neither slow nor grouped"
+    assert max(slow, default=-1) < min(rest) and max(grouped, default=-1) < min(rest)

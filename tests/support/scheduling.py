@@ -45,11 +45,16 @@ def group_of(nodeid: str) -> str | None:
 
 
 def schedule(items: list[pytest.Item]) -> None:
-    """Mark each item with its group, and move the slow ones to the front (a stable sort)."""
+    """Mark each item with its group; then order them: the slow ones, the grouped ones, the rest (a stable sort).
+
+    pytest-xdist hands out work in this order, a group or an ungrouped module at a time. A group runs on one
+    worker from start to end (the CLI's modules and the compat package take minutes each), so the long
+    units start first and the run ends on short modules spread over every worker.
+    """
     for item in items:
         if group := group_of(item.nodeid):
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, group_of(item.nodeid) is None))
 
 
 def check_groups_arrived(config: pytest.Config, items: list[pytest.Item]) -> None:
