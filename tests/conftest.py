@@ -17,14 +17,18 @@ from registry.models import Role
 from storage import get_storage
 from tests.support.people import Person, make_person
 from tests.support.s3 import S3_PREFIX, delete_bucket, moto_server
-from tests.support.scheduling import check_groups_arrived, schedule
+from tests.support.scheduling import SuiteOrder, check_groups_arrived, mark_groups
 from tests.support.validation_memo import HOOK, remembered_validate_in_child
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(SuiteOrder(), "modelyard-suite-order")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups into the node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Slow tests first, and tests that share a broker, a queue or a network namespace on one worker."""
-    schedule(items)
+    """Tests that share a broker, a queue, network namespaces or a module's server go on one worker."""
+    mark_groups(items)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -44,17 +44,26 @@ def group_of(nodeid: str) -> str | None:
     return None
 
 
-def schedule(items: list[pytest.Item]) -> None:
-    """Mark each item with its group; then order them: the slow ones, the grouped ones, the rest (a stable sort).
-
-    pytest-xdist hands out work in this order, a group or an ungrouped module at a time. A group runs on one
-    worker from start to end (the CLI's modules and the compat package take minutes each), so the long
-    units start first and the run ends on short modules spread over every worker.
-    """
+def mark_groups(items: list[pytest.Item]) -> None:
+    """Mark each item with its group (before pytest-xdist turns the marks into node id suffixes)."""
     for item in items:
         if group := group_of(item.nodeid):
             item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, group_of(item.nodeid) is None))
+
+
+class SuiteOrder:
+    """The slow tests, then the grouped ones, then the rest, each in collection order (a stable sort).
+
+    pytest-xdist hands out work in this order, a group or an ungrouped module at a time. A group runs on one
+    worker from start to end (the CLI's modules and the compat package take minutes each), so the long
+    units start first and the run ends on short modules spread over every worker. A plugin of its own
+    (tests/conftest.py registers it) so that it sorts last, after pytest-django's ordering by kind of
+    database use, and before xdist sends the list to the scheduler.
+    """
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        items.sort(key=lambda item: (item.get_closest_marker("slow") is None, group_of(item.nodeid) is None))
 
 
 def check_groups_arrived(config: pytest.Config, items: list[pytest.Item]) -> None:
