@@ -16,7 +16,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from registry.audit.chain import Actor, audit_record
+from registry.audit.chain import Actor, audit_record, audit_version
 from registry.errors import Conflict
 from registry.models import DeriveJob, FileRole, JobStatus, ModelFile, ModelVersion, RegisteredModel, VersionStatus
 from registry.promotions import alias_create_defaults
@@ -166,12 +166,10 @@ def version_create(
         )
         if not finished:
             raise Conflict(f"derive job {derivation.job_id} is no longer running; its result is not recorded")
-    audit_record(
+    audit_version(
+        version,
         actor=actor,
         action="version.derive" if derivation else "version.upload",
-        target_type="version",
-        target=f"{model.name}/{version.version}",
-        model_name=model.name,
         after=after,
     )
     return version
@@ -199,12 +197,10 @@ def version_update(*, version: ModelVersion, actor: Actor, **changes: Any) -> Mo
     for name, value in changed.items():
         setattr(version, name, value)
     version.save(update_fields=list(changed))
-    audit_record(
+    audit_version(
+        version,
         actor=actor,
         action="version.update",
-        target_type="version",
-        target=f"{version.model.name}/{version.version}",
-        model_name=version.model.name,
         before=before,
         after=changed,
     )

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from registry.models import AuditChainHead, AuditEvent
+from registry.models import AuditChainHead, AuditEvent, ModelVersion
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,21 @@ def audit_record(
     head.last_seq, head.last_hash = event.seq, event.hash
     head.save(update_fields=["last_seq", "last_hash"])
     return event
+
+
+def audit_version(
+    version: ModelVersion, *, actor: Actor, action: str, before: Any = None, after: Any = None
+) -> AuditEvent:
+    """Append one event about ``version``: its target is ``model/number``, filed under its model."""
+    return audit_record(
+        actor=actor,
+        action=action,
+        target_type="version",
+        target=f"{version.model.name}/{version.version}",
+        model_name=version.model.name,
+        before=before,
+        after=after,
+    )
 
 
 # --- Reading -------------------------------------------------------------------------------------

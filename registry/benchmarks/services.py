@@ -22,7 +22,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from onnxkit.sandbox import CUDA_ENV, ChildLimits, ChildOutcome, run_in_child
-from registry.audit.chain import Actor, audit_record
+from registry.audit.chain import Actor, audit_version
 from registry.errors import Conflict
 from registry.models import JobStatus, ModelVersion, VersionBenchmark, VersionStatus
 
@@ -68,12 +68,10 @@ def benchmark_rerun(*, version: ModelVersion, providers: set[str], actor: Actor)
     if running is not None:
         raise Conflict(f"the benchmark of version {version.version} on {running.provider} is running; wait for it")
     rows = benchmarks_request(version, providers=providers)
-    audit_record(
+    audit_version(
+        version,
         actor=actor,
         action="version.benchmark.request",
-        target_type="version",
-        target=f"{version.model.name}/{version.version}",
-        model_name=version.model.name,
         after={"providers": [row.provider for row in rows]},
     )
     return rows

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from onnxkit import derive
 from registry import queueing
-from registry.audit.chain import SYSTEM, Actor, audit_record
+from registry.audit.chain import SYSTEM, Actor, audit_version
 from registry.errors import Conflict, InvalidInput
 from registry.models import DeriveJob, JobStatus, ModelVersion, VersionStatus
 
@@ -42,12 +42,10 @@ def derive_request(*, version: ModelVersion, recipe: Any, options: Any, actor: A
             detail={"status": version.status},
         )
     job = DeriveJob.objects.create(source=version, recipe=recipe, options=checked, requested_by=actor.user)
-    audit_record(
+    audit_version(
+        version,
         actor=actor,
         action="version.derive.request",
-        target_type="version",
-        target=f"{version.model.name}/{version.version}",
-        model_name=version.model.name,
         after={"job": job.pk, "recipe": recipe, "options": checked},
     )
     transaction.on_commit(partial(queueing.derive_enqueue, job.pk))
@@ -71,13 +69,10 @@ def derive_fail(*, job_id: int, error: str) -> None:
         return
     job.status, job.error, job.finished_at = JobStatus.FAILED, error, timezone.now()
     job.save(update_fields=["status", "error", "finished_at"])
-    model = job.source.model
-    audit_record(
+    audit_version(
+        job.source,
         actor=SYSTEM,
         action="version.derive.fail",
-        target_type="version",
-        target=f"{model.name}/{job.source.version}",
-        model_name=model.name,
         after={"job": job.pk, "recipe": job.recipe, "error": error},
     )
 

@@ -12,7 +12,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from onnxkit.validation import BATCH_UNCHECKED, ValidationResult
-from registry.audit.chain import SYSTEM, audit_record
+from registry.audit.chain import SYSTEM, audit_version
 from registry.benchmarks.services import benchmarks_request
 from registry.models import FileRole, ModelVersion, VersionStatus, WebhookEvent
 from registry.serving import fleet_providers
@@ -103,12 +103,10 @@ def version_record_validation(*, version_id: int, result: ValidationResult) -> M
         version.files.filter(name__in=result.external_data_files, role=FileRole.EXTRA).update(
             role=FileRole.EXTERNAL_DATA
         )
-    audit_record(
+    audit_version(
+        version,
         actor=SYSTEM,
         action="version.validate",
-        target_type="version",
-        target=f"{version.model.name}/{version.version}",
-        model_name=version.model.name,
         before={"status": VersionStatus.VALIDATING},
         after={"status": version.status, "errors": result.errors},
     )
@@ -149,12 +147,10 @@ def version_record_batch_check(*, version_id: int, result: ValidationResult) -> 
         check, note = result.batch_check, result.batch_note or "the batching check could not run"
     version.batch_check, version.batch_note = check, note
     version.save(update_fields=["batch_check", "batch_note"])
-    audit_record(
+    audit_version(
+        version,
         actor=SYSTEM,
         action="version.batch_check",
-        target_type="version",
-        target=f"{version.model.name}/{version.version}",
-        model_name=version.model.name,
         before={"batch_check": BATCH_UNCHECKED},
         after={"batch_check": check, "batch_note": note},
     )
