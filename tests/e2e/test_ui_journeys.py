@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo
 import pytest
 import requests
 from django.contrib.auth import get_user_model
+from django.core.management import call_command
 from django.utils import timezone
 from playwright.sync_api import expect
 
@@ -51,12 +52,18 @@ MINUS = "\u2212"
 
 
 @pytest.fixture(scope="module")
-def server(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[UiServer]:
+def server(
+    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[UiServer]:
     running = UiServer(tmp_path_factory.mktemp("ui-server"))
     try:
         yield running.start()
     finally:
         running.stop()
+        # The server heartbeats into the fleet table until it dies, after the last test's flush: the
+        # next test on this worker would see an "e2e-inference" member that is not its own.
+        with django_db_blocker.unblock():
+            call_command("flush", interactive=False, verbosity=0)
 
 
 @pytest.fixture(scope="module")
