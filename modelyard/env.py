@@ -256,3 +256,50 @@ def load_or_create_secret(path: Path) -> str:
     finally:
         draft.unlink()
     return secret
+
+
+def signing_key_from_env(name: str, default_path: Path) -> tuple[bytes, str]:
+    """The registry's signing key (PEM) and where it came from: ``name`` holds PEM text or a file's path.
+
+    Unset, the key at ``default_path`` (the data folder's) is read, generated there on first start.
+    """
+    from modelyard.provenance import ProvenanceError, Signer, load_or_create_private_key
+
+    value = env_str(name)
+    if value is None:
+        pem, source = load_or_create_private_key(default_path), str(default_path)
+    elif value.lstrip().startswith("-----BEGIN"):
+        pem, source = value.encode(), name
+    else:
+        try:
+            pem, source = Path(value).read_bytes(), value
+        except OSError as exc:
+            raise ImproperlyConfigured(f"{name}: cannot read the key file {value}: {exc.strerror}") from None
+    try:
+        Signer(pem)
+    except ProvenanceError as exc:
+        raise ImproperlyConfigured(f"{name}: {exc}") from None
+    return pem, source
+
+
+def env_pem_files(name: str) -> list[Path]:
+    """``name``: comma-separated paths of PEM files, each readable (checked at start, not at first use)."""
+    paths = [Path(part.strip()) for part in (env_str(name) or "").split(",") if part.strip()]
+    for path in paths:
+        if not path.is_file():
+            raise ImproperlyConfigured(f"{name}: {path} is not a readable file")
+    return paths
+
+
+def env_signers(name: str) -> list[tuple[str, Path]]:
+    """``name``: ``NAME=PATH,...``, each PATH a PEM public key or certificate chain."""
+    from modelyard.provenance import parse_signers
+
+    try:
+        pairs = parse_signers(env_str(name) or "")
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name}: {exc}") from None
+    for signer, path in pairs:
+        if not path.is_file():
+            raise ImproperlyConfigured(f"{name}: {signer}: {path} is not a readable file")
+    return pairs

@@ -20,11 +20,14 @@ from modelyard.env import (
     env_int,
     env_list,
     env_networks,
+    env_pem_files,
     env_providers,
     env_rate,
+    env_signers,
     env_str,
     load_or_create_secret,
     parse_rate,
+    signing_key_from_env,
     storage_from_url,
 )
 
@@ -37,6 +40,14 @@ if "REPLACE-ME" in SECRET_KEY:  # deploy/k8s/base/secret.example.yaml applied as
     from django.core.exceptions import ImproperlyConfigured
 
     raise ImproperlyConfigured("MODELYARD_SECRET_KEY: still the example Secret's placeholder; set a long random one")
+
+# Signed provenance (modelyard/provenance.py, docs/provenance.md). The registry signs every validated
+# version with SIGNING_KEY (PEM text or a path; generated into the data folder when unset). VERIFY_KEYS
+# are public keys also trusted as the registry's (rotation: the keys before this one; inference hosts that
+# hold no private key). TRUSTED_SIGNERS (NAME=PATH,...) are the uploaders whose bundles are accepted.
+SIGNING_KEY, SIGNING_KEY_SOURCE = signing_key_from_env("MODELYARD_SIGNING_KEY", DATA_DIR / "signing-key.pem")
+VERIFY_KEYS = env_pem_files("MODELYARD_VERIFY_KEYS")
+TRUSTED_SIGNERS = env_signers("MODELYARD_TRUSTED_SIGNERS")
 
 DEBUG = env_bool("MODELYARD_DEBUG", False)
 ALLOWED_HOSTS = env_list("MODELYARD_ALLOWED_HOSTS", ["*"])

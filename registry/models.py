@@ -244,6 +244,37 @@ class ModelFile(models.Model):
         return f"{self.version} {self.name}"
 
 
+class SignatureKind(models.TextChoices):
+    REGISTRY = "registry"  # the registry's key, once validation passed: every ready version has one
+    UPLOADER = "uploader"  # the bundle uploaded with the version, verified against MODELYARD_TRUSTED_SIGNERS
+    DERIVATION = "derivation"  # the registry's statement of a derived version: parent, recipe, libraries
+
+
+class VersionSignature(models.Model):
+    """One signed bundle of a version, kept in storage beside its files (``storage_key``).
+
+    The row says where the bundle is and who signed it when it verified; the bundle itself is what
+    every check reads, never this row's word.
+    """
+
+    version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="signatures")
+    kind = models.CharField(max_length=16, choices=SignatureKind.choices)
+    signer = models.CharField(max_length=150)
+    key_id = models.CharField(max_length=64)
+    storage_key = models.CharField(max_length=1024, unique=True)
+    sha256 = models.CharField(max_length=64)
+    # The derivation document the statement signs (kind "derivation"); its sha256 is in the bundle.
+    document = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["version", "kind"], name="one_signature_per_kind")]
+
+    def __str__(self) -> str:
+        return f"{self.version} {self.kind} by {self.signer}"
+
+
 class ApiToken(models.Model):
     """A bearer token for the API; only its sha256 is stored."""
 
@@ -379,6 +410,10 @@ class Alias(models.Model):
     max_slowdown_percent = models.FloatField(null=True, blank=True)
     min_cosine = models.FloatField(null=True, blank=True)
     max_abs_diff = models.FloatField(null=True, blank=True)
+    # Provenance: a version moves here only with an uploader's signature that verified (or, for a derived
+    # version, a signed derivation from such a parent), by one of ``trusted_signers`` when any are named.
+    require_signature = models.BooleanField(default=False)
+    trusted_signers = models.JSONField(default=list, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
