@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from inference.verify import VerificationFailed
 from storage import get_storage
 
 logger = logging.getLogger(__name__)
@@ -22,8 +23,8 @@ CHUNK = 1024 * 1024
 _BUNDLE_NAME = re.compile(r"[0-9a-f]{64}")
 
 
-class HashMismatch(Exception):
-    """A file's bytes do not match the sha256 the registry recorded."""
+class HashMismatch(VerificationFailed):
+    """A file's bytes do not match the sha256 the registry recorded: changed after validation, so never loaded."""
 
 
 class BundleFile(Protocol):
@@ -67,44 +68,55 @@ class ArtifactCache:
         root.mkdir(parents=True, exist_ok=True)
 
     def bundle(self, sha256: str, files: Iterable[BundleFile]) -> Path:
-        """Return the bundle folder with every file present and verified, downloading what is missing.
+        """Return the bundle folder with every file present and verified, downloading what is missing."""
+        return self.bundle_with_digests(sha256, files)[0]
 
-        Every file is hashed on every call. A cached copy that no longer matches (a damaged disk, a
+    def bundle_with_digests(self, sha256: str, files: Iterable[BundleFile]) -> tuple[Path, dict[str, str]]:
+        """The bundle folder and the sha256 of each file as read now, for its signature to be checked against.
+
+        Every file is read and hashed once per call: a cached copy as it is read from disk, a missing
+        one as it streams in from storage. A cached copy that no longer matches (a damaged disk, a
         hand edit) is deleted and downloaded again; bytes fresh from storage that do not match raise
         :class:`HashMismatch`, and are deleted so that they are never used.
         """
         folder = self.root / sha256
         folder.mkdir(parents=True, exist_ok=True)
+        digests: dict[str, str] = {}
         for item in files:
             path = folder / item.name
             if path.exists():
                 actual = sha256_of(path)
                 if actual == item.sha256:
+                    digests[item.name] = actual
                     continue
                 logger.warning("cached %s is corrupt (sha256 %s); downloading it again", path, actual)
                 path.unlink(missing_ok=True)
-            self._download(item, path)
-            actual = sha256_of(path)
+            actual = self._download(item, path)
             if actual != item.sha256:
                 path.unlink(missing_ok=True)  # a corrupt copy is never reused
                 raise HashMismatch(
                     f"sha256 mismatch for {item.name}: storage holds {actual}, the registry recorded {item.sha256}"
                 )
+            digests[item.name] = actual
         # The bundle's mtime is its last use, for LRU eviction. Set it from the fine clock: a bare
         # utime() takes the kernel's coarse one, which gives uses milliseconds apart the same time.
         now = time.time_ns()
         os.utime(folder, ns=(now, now))
-        return folder
+        return folder, digests
 
-    def _download(self, item: BundleFile, path: Path) -> None:
+    def _download(self, item: BundleFile, path: Path) -> str:
+        """Stream the object to ``path``, hashing it on the way; its sha256."""
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.part")
+        digest = hashlib.sha256()
         try:
             with get_storage().open(item.storage_key) as source, tmp.open("wb") as out:
                 while chunk := source.read(CHUNK):
+                    digest.update(chunk)
                     out.write(chunk)
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
+        return digest.hexdigest()
 
     def evict(self, *, keep: set[str]) -> list[str]:
         """Delete least-recently-used bundles until under the size limit; never those in ``keep``."""

@@ -2,7 +2,8 @@
 
 The reconcile loop (``inference/runtime.py``) calls :func:`load_version` on its loading thread,
 never on the request path: the artifact cache fetches the version's files and checks every
-sha256 (``ArtifactCache.bundle``), ``inference.sessions`` builds the session (with fixed-address
+sha256 (``ArtifactCache.bundle_with_digests``), ``inference.verify`` checks the version's signatures
+against the digests of the bytes read, ``inference.sessions`` builds the session (with fixed-address
 buffers when it replays a CUDA graph, and one narrow session per instance on the CPU), the
 tokenizer and the labels are read when the version has them, and every session runs once before
 the version takes traffic.
@@ -33,6 +34,7 @@ from inference.sessions import (
     unfixed_tensors,
 )
 from inference.text import TOKENIZER_FILE, TextEncoder
+from inference.verify import verify_version
 from onnxkit.validation import synthetic_inputs
 from registry.serving import VersionSpec
 
@@ -53,7 +55,8 @@ def load_version(spec: VersionSpec, cache: ArtifactCache) -> LoadedVersion:
     """
     started = time.perf_counter()
     rss_before = _rss_bytes()
-    folder = cache.bundle(spec.sha256, spec.files)
+    folder, digests = cache.bundle_with_digests(spec.sha256, spec.files)
+    verify_version(spec, digests)  # the bytes just read, against bundles read from storage: before any session
     built = build_session(folder / spec.model_file, fixed_address_io=not unfixed_tensors(spec.signature))
     runner = None
     if built.graphs:  # the session replays a captured CUDA graph: its inputs must stay where it found them

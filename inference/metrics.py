@@ -70,6 +70,13 @@ LOAD_FAILURES = Gauge(
     registry=exposition.REGISTRY,
 )
 
+VERIFY_FAILURES = Counter(
+    "modelyard_model_verify_failures",
+    "Loads refused because the bytes read do not match the version's signatures (or it has none trusted)",
+    ["model", "version"],
+    registry=exposition.REGISTRY,
+)
+
 
 class VersionMetrics:
     """The label children of one loaded version, made once so the request path does no label lookup."""

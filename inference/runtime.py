@@ -29,6 +29,7 @@ from inference.cache import ArtifactCache
 from inference.loaded import LoadedVersion
 from inference.loader import load_version
 from inference.sessions import device_description, host_notice
+from inference.verify import VerificationFailed
 from registry import serving
 from registry.serving import PRODUCTION, DesiredState, LoadedRow, LoadState, VersionSpec
 
@@ -254,6 +255,22 @@ class InferenceRuntime:
                     error=f"{type(exc).__name__}: {exc}", attempts=attempts, retry_at=time.monotonic() + delay
                 )
                 logger.warning("loading %s v%s failed (attempt %d): %s", spec.model, spec.version, attempts, exc)
+                if isinstance(exc, VerificationFailed):
+                    self._verify_failed(spec, str(exc))
+
+    def _verify_failed(self, spec: VersionSpec, reason: str) -> None:
+        """A version's bytes refused: counted on every attempt, audited once per host (the registry dedups)."""
+        metrics.VERIFY_FAILURES.labels(spec.model, str(spec.version)).inc()
+        try:
+            serving.verify_failed_record(
+                worker_id=self.worker_id,
+                host=socket.gethostname(),
+                model=spec.model,
+                version=spec.version,
+                reason=reason,
+            )
+        except DatabaseError as exc:  # the next attempt's failure records it
+            logger.warning("could not audit the refused load of %s v%s: %s", spec.model, spec.version, exc)
 
     def _switch_routes(self, desired: DesiredState) -> None:
         old = self.router.table

@@ -149,6 +149,22 @@ def beat(args: argparse.Namespace) -> int:
     return 0
 
 
+def sign_versions(args: argparse.Namespace) -> int:
+    """Sign the ready versions that have no registry signature (validated before signing existed)."""
+    _setup()
+    from django.conf import settings
+
+    if settings.EMBEDDED_DATABASE:
+        _migrate()
+    from registry.provenance.services import versions_sign_unsigned
+
+    signed = versions_sign_unsigned()
+    for version in signed:
+        print(f"signed {version.model.name} v{version.version}")
+    print(f"Signed {len(signed)} version(s) with key {settings.SIGNING_KEY_SOURCE}.", file=sys.stderr)
+    return 0
+
+
 def createtoken(args: argparse.Namespace) -> int:
     _setup()
     from django.conf import settings
@@ -412,6 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("revoketoken", help="revoke an API token by its prefix (the part after my_)")
     p.add_argument("prefix")
     p.set_defaults(func=revoketoken)
+
+    p = sub.add_parser("sign-versions", help="sign the ready versions that have no registry signature yet")
+    p.set_defaults(func=sign_versions)
 
     p = sub.add_parser("demo", help="register and serve a small model, then print curl and tritonclient examples")
     p.add_argument("--url", default="http://127.0.0.1:8000", help="where `modelyard serve` listens")

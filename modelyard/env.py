@@ -258,7 +258,7 @@ def load_or_create_secret(path: Path) -> str:
     return secret
 
 
-def signing_key_from_env(name: str, default_path: Path) -> tuple[bytes, str]:
+def env_signing_key(name: str, default_path: Path) -> tuple[bytes, str]:
     """The registry's signing key (PEM) and where it came from: ``name`` holds PEM text or a file's path.
 
     Unset, the key at ``default_path`` (the data folder's) is read, generated there on first start.
@@ -266,6 +266,11 @@ def signing_key_from_env(name: str, default_path: Path) -> tuple[bytes, str]:
     from modelyard.provenance import ProvenanceError, Signer, load_or_create_private_key
 
     value = env_str(name)
+    if value is not None and "REPLACE-ME" in value:  # deploy/k8s/base/secret.example.yaml applied as it is
+        raise ImproperlyConfigured(
+            f"{name}: still the example Secret's placeholder; put a PEM key there "
+            "(openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt)"
+        )
     if value is None:
         pem, source = load_or_create_private_key(default_path), str(default_path)
     elif value.lstrip().startswith("-----BEGIN"):

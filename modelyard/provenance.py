@@ -18,6 +18,7 @@ a bundle names the key that made it, so verification picks that key and never tr
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -38,7 +39,10 @@ __all__ = [
     "Trust",
     "TrustedKey",
     "Verified",
+    "build_trust",
     "bundle_digests_match",
+    "canonical_json",
+    "configured_trust",
     "generate_private_key",
     "key_id",
     "load_or_create_private_key",
@@ -227,6 +231,40 @@ class Trust:
         return next((k for k in self.keys if k.kind == "key" and k.key_id == wanted), None)
 
 
+def build_trust(
+    *, registry_keys: Iterable[bytes] = (), signers: Iterable[tuple[str, bytes]] = (), registry: bool = True
+) -> Trust:
+    """The registry's keys (private or public PEM; under :data:`REGISTRY_SIGNER`) and the named signers.
+
+    ``registry=False`` leaves the registry's keys out: what an uploader's bundle is checked against.
+    """
+    trust = Trust()
+    if registry:
+        for pem in registry_keys:
+            trust.add_key(REGISTRY_SIGNER, pem)
+    for name, pem in signers:
+        if name == REGISTRY_SIGNER:
+            raise ProvenanceError(f"{REGISTRY_SIGNER!r} names the registry's own key; give the signer another name")
+        trust.add_pem(name, pem)
+    return trust
+
+
+@functools.lru_cache(maxsize=8)
+def configured_trust(
+    signing_key: bytes,
+    verify_keys: tuple[Path, ...] = (),
+    signers: tuple[tuple[str, Path], ...] = (),
+    *,
+    registry: bool = True,
+) -> Trust:
+    """:func:`build_trust` from the settings (the key, MODELYARD_VERIFY_KEYS, MODELYARD_TRUSTED_SIGNERS), cached."""
+    return build_trust(
+        registry_keys=[signing_key, *(path.read_bytes() for path in verify_keys)],
+        signers=[(name, path.read_bytes()) for name, path in signers],
+        registry=registry,
+    )
+
+
 def _SHA256() -> Any:
     from cryptography.hazmat.primitives import hashes
 
@@ -280,14 +318,14 @@ def verify_bundle(data: bytes, trust: Trust) -> Verified:
     hint = material.public_key.hint if material.public_key else None
     if not hint:
         raise ProvenanceError("the bundle names no key (re-sign it with model-signing 1.0 or newer)")
-    trusted = trust.by_key_id(hint)
-    if trusted is None:
+    key = trust.by_key_id(hint)
+    if key is None:
         raise ProvenanceError(f"signed by key {hint[:16]}, which is not trusted here")
     try:
-        manifest = sign_ec_key.Verifier(_Pem(trusted.pem)).verify(signature)  # type: ignore[arg-type]
+        manifest = sign_ec_key.Verifier(_Pem(key.pem)).verify(signature)  # type: ignore[arg-type]
     except Exception as exc:  # noqa: BLE001 - cryptography's InvalidSignature has no message
-        raise ProvenanceError(f"the signature by {trusted.name} does not verify: {_reason(exc)}") from None
-    return Verified(trusted.name, trusted.key_id, "key", _digests(manifest))
+        raise ProvenanceError(f"the signature by {key.name} does not verify: {_reason(exc)}") from None
+    return Verified(key.name, key.key_id, "key", _digests(manifest))
 
 
 def _reason(exc: BaseException) -> str:

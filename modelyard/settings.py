@@ -24,10 +24,10 @@ from modelyard.env import (
     env_providers,
     env_rate,
     env_signers,
+    env_signing_key,
     env_str,
     load_or_create_secret,
     parse_rate,
-    signing_key_from_env,
     storage_from_url,
 )
 
@@ -45,7 +45,7 @@ if "REPLACE-ME" in SECRET_KEY:  # deploy/k8s/base/secret.example.yaml applied as
 # version with SIGNING_KEY (PEM text or a path; generated into the data folder when unset). VERIFY_KEYS
 # are public keys also trusted as the registry's (rotation: the keys before this one; inference hosts that
 # hold no private key). TRUSTED_SIGNERS (NAME=PATH,...) are the uploaders whose bundles are accepted.
-SIGNING_KEY, SIGNING_KEY_SOURCE = signing_key_from_env("MODELYARD_SIGNING_KEY", DATA_DIR / "signing-key.pem")
+SIGNING_KEY, SIGNING_KEY_SOURCE = env_signing_key("MODELYARD_SIGNING_KEY", DATA_DIR / "signing-key.pem")
 VERIFY_KEYS = env_pem_files("MODELYARD_VERIFY_KEYS")
 TRUSTED_SIGNERS = env_signers("MODELYARD_TRUSTED_SIGNERS")
 
@@ -263,6 +263,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "unacked_restore_interval": max(1, min(60, BROKER_VISIBILITY_TIMEOUT // 5)),
     "unacked_restore_throttle": 1,
 }
+# How often the periodic task signs the audit chain's head (when it moved); every JSONL export signs it too.
+AUDIT_SIGN_HEAD_SECONDS = env_int("MODELYARD_AUDIT_SIGN_HEAD_SECONDS", 3600, minimum=1)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "sweep-stuck-versions": {"task": "registry.tasks.sweep_stuck_versions", "schedule": 60.0},
     "expire-promotions": {"task": "registry.tasks.expire_promotions", "schedule": 300.0},
@@ -272,6 +274,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "retry-webhook-deliveries": {"task": "registry.tasks.retry_webhook_deliveries", "schedule": 30.0},
     # Incremental: each run checks only the events appended since the last one (at most AUDIT_VERIFY_MAX_EVENTS).
     "verify-audit-chain": {"task": "registry.tasks.verify_audit_chain", "schedule": 300.0},
+    # Signs the chain's head when it moved, so an exported copy of the log proves itself (registry/audit/heads.py).
+    "sign-audit-head": {"task": "registry.tasks.sign_audit_head", "schedule": float(AUDIT_SIGN_HEAD_SECONDS)},
     # Versions validated before the batching check existed are served without merging until it has run.
     "recheck-batching": {"task": "registry.tasks.recheck_batching", "schedule": 300.0},
 }

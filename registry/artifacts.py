@@ -17,7 +17,7 @@ from datetime import timedelta
 from django.db import close_old_connections
 from django.utils import timezone
 
-from registry.models import ModelFile
+from registry.models import ModelFile, VersionSignature
 from storage import StorageError, get_storage
 
 logger = logging.getLogger(__name__)
@@ -54,6 +54,7 @@ def collect_orphans(*, grace: timedelta) -> list[str]:
 
     def flush() -> None:
         referenced = set(ModelFile.objects.filter(storage_key__in=batch).values_list("storage_key", flat=True))
+        referenced |= set(VersionSignature.objects.filter(storage_key__in=batch).values_list("storage_key", flat=True))
         for key in batch:
             if key not in referenced:
                 storage.delete(key)

@@ -83,3 +83,11 @@ class FormTooLarge(PayloadTooLarge):
 
 class StorageDown(RegistryError):
     """Artifact storage could not be reached, or refused a write."""
+
+
+class SignatureInvalid(InvalidInput):
+    """An uploaded signature bundle that does not verify, or does not sign the files uploaded with it."""
+
+
+class SignatureRequired(Conflict):
+    """An alias that requires a signature refuses a version without one it accepts."""

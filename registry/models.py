@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,6 +12,7 @@ from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
 
+from modelyard.auditfile import event_hash
 from onnxkit.signatures import batch_dimension_problem
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
@@ -343,8 +343,7 @@ class AuditEvent(models.Model):
         }
 
     def compute_hash(self) -> str:
-        body = json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256((self.prev_hash + body).encode()).hexdigest()
+        return event_hash(self.prev_hash, self.canonical())
 
 
 class AuditChainHead(models.Model):
@@ -373,6 +372,27 @@ class AuditChainCheck(models.Model):
 
     def __str__(self) -> str:
         return f"audit chain {'ok' if self.ok else 'broken'} up to #{self.verified_seq}"
+
+
+class AuditHeadSignature(models.Model):
+    """One signature by the registry's key over the audit chain's hash at ``seq`` (``registry/audit/heads.py``).
+
+    ``bundle`` is the model-signing bundle (JSON) over ``audit-head/<seq>``; exports carry it, so a
+    copy of the log proves itself without this database (``modelyard audit verify-offline``).
+    """
+
+    seq = models.PositiveBigIntegerField()
+    hash = models.CharField(max_length=64)
+    key_id = models.CharField(max_length=64)
+    bundle = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["seq", "id"]
+        constraints = [models.UniqueConstraint(fields=["seq", "key_id"], name="one_head_signature_per_key")]
+
+    def __str__(self) -> str:
+        return f"audit head #{self.seq} signed by {self.key_id[:16]}"
 
 
 class AuthFailureWindow(models.Model):

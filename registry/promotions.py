@@ -37,6 +37,7 @@ from registry.models import (
     VersionStatus,
     WebhookEvent,
 )
+from registry.provenance.services import check_alias_signature, trusted_signer_names
 from registry.webhooks import services as webhooks
 
 
@@ -96,6 +97,7 @@ def _move(
     forced: bool = False,
     promotion: PromotionRequest | None = None,
 ) -> AliasMove:
+    check_alias_signature(alias, to)  # also at approval and rollback: the alias's requirement may be newer
     before = _alias_state(alias)
     move = AliasMove.objects.create(
         alias=alias,
@@ -232,6 +234,48 @@ def alias_set_policy(
     return alias
 
 
+def alias_provenance(alias: Alias) -> dict[str, Any]:
+    return {"require_signature": alias.require_signature, "trusted_signers": list(alias.trusted_signers or [])}
+
+
+@transaction.atomic(durable=True)
+def alias_set_provenance(
+    *,
+    model: RegisteredModel,
+    alias_name: str,
+    actor: Actor,
+    require_signature: bool | None = None,
+    trusted_signers: list[str] | None = None,
+) -> Alias:
+    """Require (or stop requiring) an uploader's signature on the alias, maybe by named signers; admins only, audited.
+
+    Naming trusted signers implies requiring a signature. Each name must be one of MODELYARD_TRUSTED_SIGNERS.
+    """
+    if not has_role(actor.user, Role.ADMIN):
+        raise PermissionDenied("changing an alias's signature requirement needs the admin role")
+    model = _locked_model(model)
+    alias = _locked_alias(model, alias_name, create=True)
+    assert alias is not None
+    before = alias_provenance(alias)
+    if trusted_signers is not None:
+        alias.trusted_signers = trusted_signer_names(trusted_signers)
+        if alias.trusted_signers and require_signature is None:
+            require_signature = True
+    if require_signature is not None:
+        alias.require_signature = require_signature
+    alias.save(update_fields=["require_signature", "trusted_signers", "updated_at"])
+    audit_record(
+        actor=actor,
+        action="alias.provenance",
+        target_type="alias",
+        target=f"{model.name}@{alias.name}",
+        model_name=model.name,
+        before=before,
+        after=alias_provenance(alias),
+    )
+    return alias
+
+
 @transaction.atomic(durable=True)
 def alias_set(
     *, model: RegisteredModel, alias_name: str, version_number: int, actor: Actor, reason: str = "", force: bool = False
@@ -245,6 +289,7 @@ def alias_set(
     assert alias is not None
     if alias.version_id == version.pk:
         return AliasOutcome(alias=alias)
+    check_alias_signature(alias, version)  # provenance is never forced
     forced = _check_signature(alias, version, force=force, reason=reason)
     forced = _check_policy(alias, version, force=force, reason=reason) or forced
     if alias.protected:

@@ -20,6 +20,7 @@ from registry.audit.chain import Actor, audit_record, audit_version
 from registry.errors import Conflict
 from registry.models import DeriveJob, FileRole, JobStatus, ModelFile, ModelVersion, RegisteredModel, VersionStatus
 from registry.promotions import alias_create_defaults
+from registry.provenance.services import SignedBundle, signatures_record
 
 logger = logging.getLogger(__name__)
 
@@ -117,8 +118,11 @@ def version_create(
     metadata: dict[str, Any] | None = None,
     actor: Actor,
     derivation: Derivation | None = None,
+    signatures: Sequence[SignedBundle] = (),
 ) -> ModelVersion:
     """Record an uploaded bundle as a new ``pending`` version: the inner, transactional step of an upload.
+
+    ``signatures``: the uploader's bundle, verified by the upload service, recorded with the files.
 
     Only the upload service (``registry.uploads.version_upload``) calls this: it has checked and
     stored the files (the first is the .onnx model), and it queues the validation once this commits.
@@ -159,6 +163,9 @@ def version_create(
         "size_bytes": version.size_bytes,
         "files": [{"name": f.name, "sha256": f.sha256, "size_bytes": f.size_bytes} for f in files],
     }
+    if signatures:
+        signatures_record(version, signatures)
+        after["signed_by"] = [{"name": s.signer, "key_id": s.key_id, "kind": s.kind} for s in signatures]
     if derivation is not None:
         after.update(derived_from=derivation.parent.version, recipe=derivation.recipe, job=derivation.job_id)
         finished = DeriveJob.objects.filter(pk=derivation.job_id, status=JobStatus.RUNNING).update(

@@ -28,19 +28,31 @@ import enum
 import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.utils import timezone
 
 from registry import notify
 from registry.access import clients
 from registry.access.auth import authenticate_token, bearer_token, has_role, split_token
+from registry.audit.chain import SYSTEM, audit_version
 from registry.benchmarks.services import SHARED_NOTE, BenchmarkJob, benchmark_claim, benchmark_measure, benchmark_record
-from registry.models import PRODUCTION, Alias, FileRole, InferenceWorker, Role, ServingStrategy, VersionStatus
+from registry.models import (
+    PRODUCTION,
+    Alias,
+    AuditEvent,
+    FileRole,
+    InferenceWorker,
+    ModelVersion,
+    Role,
+    ServingStrategy,
+    SignatureKind,
+    VersionStatus,
+)
 
 __all__ = [
     "PRODUCTION",
@@ -114,6 +126,15 @@ class ServedFile:
 
 
 @dataclass(frozen=True)
+class ServedSignature:
+    """A signed bundle of a served version: the loader reads it from storage and checks the bytes it loads with it."""
+
+    kind: str  # "registry" or "uploader" (registry.models.SignatureKind)
+    signer: str
+    storage_key: str
+
+
+@dataclass(frozen=True)
 class VersionSpec:
     """What the registry says one served version is."""
 
@@ -133,6 +154,8 @@ class VersionSpec:
     # runtime also merges only when every input and output has a dynamic first dimension.
     batching: bool = True
     batching_reason: str = ""
+    # The bundles every load verifies; none means the version is not signed, and it is not loaded.
+    signatures: tuple[ServedSignature, ...] = ()
 
     @property
     def batching_settings(self) -> tuple[int, int, int, int | None, bool, str]:
@@ -161,7 +184,7 @@ def desired_state() -> DesiredState:
     aliases = (
         Alias.objects.filter(served=True, version__isnull=False, version__status=VersionStatus.READY)
         .select_related("model", "version")
-        .prefetch_related("version__files")
+        .prefetch_related("version__files", "version__signatures")
     )
     versions: dict[int, VersionSpec] = {}
     routes: dict[str, dict[str, int]] = {}
@@ -185,6 +208,11 @@ def desired_state() -> DesiredState:
             instances=alias.model.instances,
             batching=batching.merges,
             batching_reason=batching.reason,
+            signatures=tuple(
+                ServedSignature(s.kind, s.signer, s.storage_key)
+                for s in version.signatures.all()
+                if s.kind in (SignatureKind.REGISTRY, SignatureKind.UPLOADER)
+            ),
         )
         routes.setdefault(alias.model.name, {})[alias.name] = version.pk
     return DesiredState(versions=versions, routes=routes)
@@ -364,6 +392,29 @@ def worker_leave(worker_id: str) -> None:
     Raises DatabaseError when the database is away.
     """
     InferenceWorker.objects.filter(worker_id=worker_id).delete()
+
+
+VERIFY_FAILED = "version.verify_failed"
+
+
+def verify_failed_record(*, worker_id: str, host: str, model: str, version: int, reason: str) -> bool:
+    """Audit that a host refused a version's bytes (``version.verify_failed``), once per host and version.
+
+    The load is retried with backoff; only the first refusal on each host is an event. Returns
+    whether this call wrote it.
+    """
+    with transaction.atomic(durable=True):
+        target = ModelVersion.objects.select_related("model").filter(model__name=model, version=version).first()
+        if target is None:
+            return False
+        seen = AuditEvent.objects.filter(action=VERIFY_FAILED, target=f"{model}/{version}", after__host=host)
+        if seen.exists():
+            return False
+        actor = replace(SYSTEM, label=f"inference:{worker_id}")
+        audit_version(
+            target, actor=actor, action=VERIFY_FAILED, after={"host": host, "worker": worker_id, "reason": reason}
+        )
+    return True
 
 
 # --- The fleet -------------------------------------------------------------------------------------

@@ -16,11 +16,13 @@ from django.conf import settings
 
 from registry import artifacts, promotions, queueing, selectors
 from registry.access import refusals
+from registry.audit import heads as audit_heads
 from registry.audit import verify as audit_verify
 from registry.benchmarks import services as benchmarks
 from registry.derive import job as derive_job
 from registry.derive import services as derive
 from registry.models import ModelVersion
+from registry.provenance import services as provenance
 from registry.validation import job as validation_job
 from registry.validation import services as validation
 from registry.webhooks import services as webhooks
@@ -42,11 +44,14 @@ def validate_version(self: Any, version_id: int) -> str:
     version = ModelVersion.objects.select_related("model").get(pk=version_id)
     try:
         result = validation_job.validate_stored_version(version)
+        # Signed before the outcome is recorded, which records the bundles' rows: a ready version is a signed one.
+        signed = provenance.version_sign(version) if result.ok else []
     except StorageUnavailable as exc:
         if validation.version_release_claim(version_id=version_id, error=str(exc), give_up=MAX_VALIDATION_ATTEMPTS):
             raise self.retry(exc=exc, countdown=min(300, 5 * 2**self.request.retries)) from exc
         return "gave up"
-    validation.version_record_validation(version_id=version_id, result=result)
+    # Decided meanwhile (None): the bundles are no one's, and the orphan collector removes them.
+    validation.version_record_validation(version_id=version_id, result=result, signatures=signed)
     return "done"
 
 
@@ -134,6 +139,13 @@ def retry_webhook_deliveries() -> list[int]:
 def verify_audit_chain() -> bool:
     """Check the audit events appended since the last run; ``/metrics`` exports the verdict."""
     return audit_verify.audit_chain_check_run(max_events=settings.AUDIT_VERIFY_MAX_EVENTS).ok
+
+
+@shared_task
+def sign_audit_head() -> int | None:
+    """Sign the audit chain's head when it moved since the last signed head; the seq it covers, if any."""
+    signature = audit_heads.audit_head_sign(max_events=settings.AUDIT_VERIFY_MAX_EVENTS).signature
+    return signature.seq if signature is not None else None
 
 
 @shared_task(name=queueing.DERIVE_TASK, acks_late=True, reject_on_worker_lost=True, bind=True)

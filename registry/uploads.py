@@ -46,12 +46,14 @@ from registry.errors import (
     NotAnOnnxModel,
     PayloadTooLarge,
     RegistryError,
+    SignatureInvalid,
     StorageDown,
     TooManyFiles,
     UnsupportedModel,
 )
 from registry.jsondoc import JSONRefused, check_json, load_json
-from registry.models import ModelVersion, RegisteredModel
+from registry.models import ModelVersion, RegisteredModel, SignatureKind
+from registry.provenance import services as provenance
 from storage import ArtifactStorage, StorageError, StorageUnavailable, WriteResult, get_storage
 
 FILE_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
@@ -117,17 +119,26 @@ def version_upload(
     """
     prefix = artifacts.new_upload_prefix(model.name)
     stored: list[services.StoredFile] = []
+    bundles: list[tuple[bytes, str]] = []  # the uploader's signature bundle (model.sig), and where it is stored
     files = iter(source.files())
     try:
-        _store_files(files, prefix=prefix, stored=stored)
+        _store_files(files, prefix=prefix, stored=stored, bundles=bundles)
         description, metadata = _checked_fields(source.fields())
+        digests = {item.name: item.sha256 for item in stored}
+        signatures = [provenance.uploaded_bundle_check(data, digests, key) for data, key in bundles]
         version = services.version_create(
-            model=model, files=stored, description=description, metadata=metadata, actor=actor, derivation=derivation
+            model=model,
+            files=stored,
+            description=description,
+            metadata=metadata,
+            actor=actor,
+            derivation=derivation,
+            signatures=signatures,
         )
     except BaseException:
         # Nothing was committed: version_create raised before its commit, or was never reached.
         # The objects written are no one's.
-        artifacts.delete_quietly(item.storage_key for item in stored)
+        artifacts.delete_quietly([item.storage_key for item in stored] + [key for _, key in bundles])
         raise
     finally:
         close = getattr(files, "close", None)
@@ -198,14 +209,39 @@ class _CheckedReader:
             raise UnsupportedModel(f"'{self._name}': {' '.join(problems)}")
 
 
-def _store_files(files: Iterator[tuple[str, BinaryIO]], *, prefix: str, stored: list[services.StoredFile]) -> None:
-    """Check and write each file in turn; ``stored`` lists what is written, for the caller to delete on failure."""
+def _store_files(
+    files: Iterator[tuple[str, BinaryIO]],
+    *,
+    prefix: str,
+    stored: list[services.StoredFile],
+    bundles: list[tuple[bytes, str]],
+) -> None:
+    """Check and write each file in turn; ``stored`` and ``bundles`` list what is written, deleted on failure.
+
+    A ``model.sig`` after the model is the uploader's signature bundle, not a file of the version: it
+    is kept aside (``bundles``) to be verified once every file's digest is known.
+    """
     storage = get_storage()
     max_files = settings.DATA_UPLOAD_MAX_NUMBER_FILES
     budget = _ByteBudget(settings.MAX_UPLOAD_BYTES)
     for name, stream in files:
-        if max_files is not None and len(stored) >= max_files:
+        if max_files is not None and len(stored) + len(bundles) >= max_files:
             raise TooManyFiles(max_files)
+        if name == provenance.UPLOADED_BUNDLE and stored:
+            if bundles:
+                raise InvalidInput(f"the file '{name}' was sent twice")
+            data = stream.read(provenance.MAX_BUNDLE_BYTES + 1)
+            if len(data) > provenance.MAX_BUNDLE_BYTES:
+                raise SignatureInvalid(
+                    f"{name}: larger than {provenance.MAX_BUNDLE_BYTES} bytes; not a signature bundle"
+                )
+            budget.spend(len(data))
+            key = f"{prefix}/{provenance.STORED_NAME[SignatureKind.UPLOADER]}"
+            written = _write(
+                storage, key, _CheckedReader(io.BytesIO(data), name=name, budget=_ByteBudget(len(data)), sniffer=None)
+            )
+            bundles.append((data, written.key))
+            continue
         _check_file_name(name, first=not stored, taken={item.name for item in stored})
         reader = _CheckedReader(stream, name=name, budget=budget, sniffer=OnnxSniffer() if not stored else None)
         written = _write(storage, f"{prefix}/{name}", reader)

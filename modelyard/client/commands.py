@@ -1,4 +1,4 @@
-"""The user commands of ``modelyard`` (login, models, push, promote, approve, pull, infer, audit, ...).
+"""The user commands of ``modelyard`` (login, models, push, promote, approve, pull, verify, infer, audit, ...).
 
 They run on :mod:`modelyard.client` alone, so they start fast and need no server code: no Django,
 no database. Every command takes ``--url`` and ``--token`` (else ``MODELYARD_URL`` and
@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import IO, Any
 
 from modelyard.client.config import DEFAULT_PROFILE, save_profile
-from modelyard.client.core import Client, token_from_password
+from modelyard.client.core import BUNDLE, Client, file_digests, token_from_password
 from modelyard.client.errors import ApiError, ConfigError, ModelyardError, NotFound, ValidationFailed
 from modelyard.client.tensors import NUMPY_OF
-from modelyard.client.types import AliasMove, Promotion, Version
+from modelyard.client.types import Alias, AliasMove, Promotion, Version
 
 Handler = Callable[[argparse.Namespace, Client], int]
 
@@ -121,8 +121,30 @@ def cmd_models(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+def _sign_upload(args: argparse.Namespace, files: Sequence[str]) -> bytes | None:
+    """``push --sign-key``: the uploader's bundle over each file's sha256, computed here; None without a key."""
+    if args.sign_key is None:
+        if args.sign_cert or args.sign_chain:
+            raise ConfigError("--sign-cert and --sign-chain go with --sign-key KEY.pem")
+        return None
+    if args.sign_chain and not args.sign_cert:
+        raise ConfigError("--sign-chain goes with --sign-cert CERT.pem")
+    if BUNDLE in {Path(file).name for file in files}:
+        raise ConfigError(f"--sign-key makes the {BUNDLE} sent with the files: leave {BUNDLE} out")
+    from modelyard.provenance import ProvenanceError, Signer
+
+    key = Path(args.sign_key).read_bytes()
+    certificate = Path(args.sign_cert).read_bytes() if args.sign_cert else None
+    chain = Path(args.sign_chain).read_bytes() if args.sign_chain else b""
+    try:
+        return Signer(key, certificate=certificate, chain=chain).sign(file_digests(files), name=args.name)
+    except ProvenanceError as exc:
+        raise ModelyardError(f"--sign-key {args.sign_key}: {exc}") from None
+
+
 def cmd_push(args: argparse.Namespace, client: Client) -> int:
     files = [args.model, *args.files]
+    signature = _sign_upload(args, files)
     try:
         client.get_model(args.name)
     except NotFound:
@@ -139,6 +161,7 @@ def cmd_push(args: argparse.Namespace, client: Client) -> int:
         metadata=args.metadata,
         progress=progress,
         create_model=False,
+        signature=signature,
     )
     if not args.no_wait:
         try:
@@ -150,6 +173,8 @@ def cmd_push(args: argparse.Namespace, client: Client) -> int:
     elif version.status == "ready":
         print(f"Version {version.version} of '{args.name}' is ready (sha256 {version.sha256}).")
         _signature(version)
+        if signature is not None:
+            print(f"  signed   {BUNDLE} by {args.sign_key}, verified by the registry")
         for warning in version.warnings:
             _print_lines("  warning: ", warning)
     elif version.status == "failed":
@@ -317,17 +342,193 @@ def cmd_history(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+def _trust(keys: Sequence[str]) -> Any:
+    """A ``modelyard.provenance.Trust`` of the PEM public keys given with ``--key``, each named by its path."""
+    from modelyard.provenance import ProvenanceError, Trust
+
+    trust = Trust()
+    for key in keys:
+        try:
+            trust.add_key(key, Path(key).read_bytes())
+        except OSError as exc:
+            raise ConfigError(f"--key {key}: {exc.strerror}") from None
+        except ProvenanceError as exc:
+            raise ConfigError(f"--key {exc}") from None
+    return trust
+
+
+def _check_registry_bundle(client: Client, version: Version, keys: Sequence[str]) -> tuple[bytes, dict[str, Any]]:
+    """The version's ``model.sig``, checked against ``keys`` (else the keys the server lists) and its files' sha256.
+
+    Returns the bundle and what it proved; raises ModelyardError naming why it does not verify.
+    """
+    from modelyard.provenance import REGISTRY_SIGNER, ProvenanceError, Trust, bundle_digests_match, verify_bundle
+
+    if keys:
+        trust = _trust(keys)
+    else:
+        trust = Trust()
+        for key in client.signing_keys()["keys"]:
+            trust.add_key(REGISTRY_SIGNER, key["pem"].encode())
+    data = client.signature_bundle(version.model, version.version)
+    try:
+        verified = verify_bundle(data, trust)
+        bundle_digests_match(verified.digests, {f.name: f.sha256 for f in version.files})
+    except ProvenanceError as exc:
+        raise ModelyardError(
+            f"{BUNDLE} of '{version.model}' version {version.version} does not verify: {exc}"
+        ) from None
+    proof = {
+        "verified": True,
+        "signer": verified.signer,
+        "key_id": verified.key_id,
+        "keys": "given" if keys else "server",
+    }
+    return data, proof
+
+
+def _proof_line(proof: dict[str, Any]) -> str:
+    key = f"key {proof['key_id'][:16]}"
+    if proof["keys"] == "given":
+        return f"Signature OK: {BUNDLE} signs every file, with {proof['signer']} ({key})."
+    return (
+        f"Signature OK: {BUNDLE} is the registry's over every file ({key}), checked with the keys the server "
+        "itself lists (/api/v1/signing-keys); pass --key REGISTRY.pub.pem to check against a key you trust."
+    )
+
+
 def cmd_pull(args: argparse.Namespace, client: Client) -> int:
+    if args.no_verify and args.key:
+        raise ConfigError("--key and --no-verify do not go together")
     version = client.get_version(args.name, args.version)
     progress = None if args.quiet else ProgressBar(f"Downloading {args.name} version {version.version}")
     model_path = client.pull(args.name, version.version, args.dir, progress=progress)
+    proof = None
+    if not args.no_verify:
+        try:
+            data, proof = _check_registry_bundle(client, version, args.key)
+        except NotFound as exc:  # a version signed by no one yet (validated before signing existed)
+            raise NotFound(f"{exc.error}: the files in {args.dir} are not checked", exc.detail, status=404) from None
+        (Path(args.dir) / BUNDLE).write_bytes(data)
     if args.json:
         files = version.raw["files"]
-        _print_json({"model": args.name, "version": version.version, "path": str(model_path), "files": files})
+        _print_json(
+            {
+                "model": args.name,
+                "version": version.version,
+                "path": str(model_path),
+                "files": files,
+                "signature": proof,
+            }
+        )
     else:
         count = len(version.files)
         print(f"Pulled '{args.name}' version {version.version} ({count} file(s), sha256 checked) into {args.dir}.")
+        print(_proof_line(proof) if proof is not None else "Signature not checked (--no-verify).")
         print(f"Load {model_path}")
+    return 0
+
+
+def _folder_digests(folder: Path) -> dict[str, str]:
+    """Every file of a pulled folder by name (not the dot files a download leaves while it runs)."""
+    return file_digests(p for p in sorted(folder.iterdir()) if p.is_file() and not p.name.startswith("."))
+
+
+def cmd_verify_folder(args: argparse.Namespace) -> int:
+    """``verify PATH --key PUB.pem``: PATH/model.sig verifies with the keys given and signs exactly the files there."""
+    from modelyard.provenance import ProvenanceError, bundle_digests_match, verify_bundle
+
+    folder = Path(args.target)
+    if not folder.is_dir():
+        raise ConfigError(
+            f"{folder} is not a folder: check a pulled folder with `modelyard verify PATH --key PUB.pem`, "
+            "or a version on the server with `modelyard verify MODEL VERSION`"
+        )
+    if not args.key:
+        raise ConfigError("checking a folder needs --key PUB.pem: the registry's public key (or the uploader's)")
+    trust = _trust(args.key)
+    bundle = folder / BUNDLE
+    try:
+        data = bundle.read_bytes()
+    except OSError as exc:
+        raise ModelyardError(f"{bundle}: {exc.strerror}") from None
+    try:
+        verified = verify_bundle(data, trust)
+    except ProvenanceError as exc:
+        raise ModelyardError(f"{bundle}: {exc}") from None
+    digests = _folder_digests(folder)
+    # Other bundles beside the files (uploader.sig, say) are not the version's files, unless the bundle signs them.
+    extra = [name for name in digests if name.endswith(".sig") and name not in verified.digests]
+    try:
+        bundle_digests_match(verified.digests, digests, ignore=extra)
+    except ProvenanceError as exc:
+        raise ModelyardError(f"{folder}: {exc}") from None
+    if args.json:
+        _print_json({"ok": True, "path": str(folder), "signer": verified.signer, "key_id": verified.key_id})
+    else:
+        count = len(verified.digests)
+        print(f"{folder}: {count} file(s) match {BUNDLE}, signed with {verified.signer} (key {verified.key_id[:16]}).")
+    return 0
+
+
+def cmd_verify_version(args: argparse.Namespace, client: Client) -> int:
+    """``verify MODEL VERSION``: the server checks each bundle of the version; with ``--key``, model.sig here too."""
+    version = client.get_version(args.target, args.version)
+    report = client.provenance(args.target, version.version)
+    problems = list(report.get("problems") or [])
+    proof = None
+    if args.key:
+        try:
+            _, proof = _check_registry_bundle(client, version, args.key)
+        except ModelyardError as exc:
+            problems.append(str(exc))
+    ok = bool(report.get("signed")) and not problems
+    if args.json:
+        _print_json({**report, "ok": ok, "local": proof})
+    else:
+        state = "signed" if ok else "NOT verified"
+        print(f"'{version.model}' version {version.version}: {state}")
+        for signer in report.get("signers") or []:
+            checked = "verified" if signer["verified"] else "NOT verified"
+            print(f"  {signer['kind']:<9} {signer['name']}  key {signer['key_id'][:16]}  {checked}")
+        derivation = report.get("derivation")
+        if derivation:
+            parent, recipe = derivation.get("parent") or {}, (derivation.get("recipe") or {}).get("recipe", "")
+            checked = "verified" if derivation.get("verified") else "NOT verified"
+            print(f"  derived   from {parent.get('model')} version {parent.get('version')} by {recipe}  {checked}")
+        if proof is not None:
+            print(f"  {_proof_line(proof)}")
+    if not ok:
+        for problem in problems or [f"version {version.version} of '{version.model}' has no registry signature"]:
+            print(f"modelyard verify: {problem}", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def _alias_line(name: str, alias: Alias) -> str:
+    if not alias.require_signature:
+        signature = "no signature required"
+    else:
+        signature = f"requires a signature by {', '.join(alias.trusted_signers) or 'any trusted signer'}"
+    flags = ", ".join(["protected" if alias.protected else "not protected", "served" if alias.served else "not served"])
+    version = alias.version if alias.version is not None else "none"
+    return f"'{alias.alias}' of '{name}': version {version}; {flags}; {signature}."
+
+
+def cmd_alias(args: argparse.Namespace, client: Client) -> int:
+    changes: dict[str, Any] = {}
+    if args.require_signature is not None:
+        changes["require_signature"] = args.require_signature
+    if args.trusted_signer:
+        changes["trusted_signers"] = args.trusted_signer
+    elif args.any_signer:
+        changes["trusted_signers"] = []
+    alias = (
+        client.update_alias(args.name, args.alias, **changes) if changes else client.get_alias(args.name, args.alias)
+    )
+    if args.json:
+        _print_json(alias.raw)
+    else:
+        print(_alias_line(args.name, alias))
     return 0
 
 
@@ -419,6 +620,32 @@ def cmd_audit(args: argparse.Namespace, client: Client) -> int:
     else:
         print(f"Audit chain BROKEN at event {verdict.first_bad_seq}: {verdict.reason}", file=sys.stderr)
     return 0 if verdict.ok else 1
+
+
+def cmd_audit_verify_offline(args: argparse.Namespace) -> int:
+    """Check an exported JSONL audit log and its signed heads with the given public keys: no server, no database."""
+    from modelyard.auditfile import AuditFileError, verify_export
+    from modelyard.provenance import ProvenanceError, Trust
+
+    try:
+        trust = Trust()
+        for key in args.key:
+            trust.add_key(key, Path(key).read_bytes())
+        report = verify_export(Path(args.file), trust)
+    except (AuditFileError, ProvenanceError) as exc:
+        problem = str(exc)
+    except OSError as exc:
+        problem = f"{exc.filename}: {exc.strerror}"
+    else:
+        if args.json:
+            _print_json(report.as_dict())
+        else:
+            print("\n".join([report.summary, *report.notes]))
+        return 0
+    if args.json:
+        _print_json({"ok": False, "error": problem})
+    print(f"modelyard audit verify-offline: {problem}", file=sys.stderr)
+    return 1
 
 
 def _option(text: str) -> tuple[str, Any]:
@@ -575,6 +802,20 @@ def _runner(handler: Handler) -> Callable[[argparse.Namespace], int]:
     return run
 
 
+def _verify_runner(args: argparse.Namespace) -> int:
+    """``verify MODEL VERSION`` asks a server; ``verify PATH --key`` needs none, so no server need be configured."""
+    if args.version is not None:
+        return _runner(cmd_verify_version)(args)
+    try:
+        return cmd_verify_folder(args)
+    except ConfigError as exc:
+        _report(args, exc)
+        return 2
+    except ModelyardError as exc:
+        _report(args, exc)
+        return 1
+
+
 def _login_runner(args: argparse.Namespace) -> int:
     try:
         return cmd_login(args)
@@ -635,6 +876,16 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--no-wait", action="store_true", help="do not wait for validation")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for validation")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--sign-key",
+        default=None,
+        metavar="KEY.pem",
+        help=f"sign the files with this private key (sha256 of each, computed here) and send the bundle as {BUNDLE}",
+    )
+    p.add_argument("--sign-cert", default=None, metavar="CERT.pem", help="the key's certificate (with --sign-key)")
+    p.add_argument(
+        "--sign-chain", default=None, metavar="CHAIN.pem", help="the certificates above it (with --sign-cert)"
+    )
 
     p = command("versions", cmd_versions, "list a model's versions, newest first")
     p.add_argument("name")
@@ -688,11 +939,59 @@ def add_commands(sub: Any) -> None:
     p.add_argument("alias")
     p.add_argument("--at", default=None, metavar="ISO-TIME", help="e.g. 2026-01-31T12:00:00Z")
 
-    p = command("pull", cmd_pull, "download every file of a version into a folder, checking each sha256")
+    p = command(
+        "pull",
+        cmd_pull,
+        f"download every file of a version into a folder, checking each sha256 and the registry's signature ({BUNDLE})",
+    )
     p.add_argument("name")
     p.add_argument("version", help="a number or an alias")
     p.add_argument("dir")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--key",
+        action="append",
+        default=[],
+        metavar="PUB.pem",
+        help="check the signature with this public key of the registry (repeatable); without it, with the keys the "
+        "server lists, which proves less",
+    )
+    p.add_argument("--no-verify", action="store_true", help=f"do not check the signature (no {BUNDLE} is written)")
+
+    p = sub.add_parser(
+        "verify",
+        parents=[common],
+        help="check a pulled folder against its model.sig (PATH --key PUB.pem), or a version's signatures on the "
+        "server (MODEL VERSION)",
+        description="Check a pulled folder: PATH/model.sig must verify with the keys given and sign exactly the "
+        "files in PATH. Or ask the server to check every signature of MODEL VERSION now (with --key, model.sig is "
+        "also checked here). Exit 0 when it holds, 1 when it does not, 2 for a usage error.",
+    )
+    p.add_argument("target", metavar="PATH|MODEL")
+    p.add_argument("version", nargs="?", default=None, metavar="VERSION", help="a number or an alias")
+    p.add_argument("--key", action="append", default=[], metavar="PUB.pem", help="a trusted public key (repeatable)")
+    p.set_defaults(func=_verify_runner)
+
+    p = command(
+        "alias", cmd_alias, "an alias's settings; admins set whether it requires an uploader's signature, and whose"
+    )
+    p.add_argument("name")
+    p.add_argument("alias")
+    p.add_argument(
+        "--require-signature",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="only a version its uploader signed with a trusted key (or derived from one) can be set",
+    )
+    signers = p.add_mutually_exclusive_group()
+    signers.add_argument(
+        "--trusted-signer",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="accept only this signer of MODELYARD_TRUSTED_SIGNERS (repeatable; implies --require-signature)",
+    )
+    signers.add_argument("--any-signer", action="store_true", help="accept any trusted signer again")
 
     p = command("infer", cmd_infer, "run a served model on inputs from .npy or JSON")
     p.add_argument("name")
@@ -707,13 +1006,35 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--output", action="append", default=[], help="only this output (repeatable)")
     p.add_argument("--save", default=None, metavar="DIR", help="also write each output to DIR/NAME.npy")
 
-    p = command("audit", cmd_audit, "audit events (auditor role), an export, or a check of the hash chain")
+    p = command(
+        "audit",
+        cmd_audit,
+        "audit events (auditor role), an export, a check of the hash chain, or an offline check of an export",
+    )
     for name in ("actor", "action", "model", "since", "until"):
         p.add_argument(f"--{name}", default="")
     p.add_argument("--limit", type=int, default=50, help="events to list, newest first")
     p.add_argument("--export", choices=["csv", "jsonl"], default=None, help="stream every matching event")
     p.add_argument("--output", default=None, metavar="FILE", help="write the export here instead of stdout")
     p.add_argument("--verify", action="store_true", help="recompute the hash chain; exit 1 when broken")
+    offline = p.add_subparsers(dest="audit_command", metavar="verify-offline")
+    p = offline.add_parser(
+        "verify-offline",
+        help="check an exported JSONL log and its signed heads with the registry's public keys (no server)",
+        description="Check an exported JSONL audit log: every event's hash and link, and every signed head's "
+        "signature, with the given public keys only. No server and no database are needed.",
+    )
+    p.add_argument("file", metavar="FILE", help="from `modelyard audit --export jsonl --output FILE`")
+    p.add_argument(
+        "--key",
+        action="append",
+        required=True,
+        metavar="PUB.pem",
+        help="a trusted public key of the registry (repeatable: add the keys used before a rotation)",
+    )
+    # SUPPRESS: a `--json` given before `verify-offline` (the audit command's own) is kept.
+    p.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="print JSON for scripts")
+    p.set_defaults(func=cmd_audit_verify_offline)
 
     p = command("derive", cmd_derive, "build a derived version (fp16, int8-dynamic, ort-optimized) of a ready version")
     p.add_argument("name")

@@ -54,6 +54,19 @@ from modelyard.client.types import (
 CONNECT_TIMEOUT = 10.0
 DOWNLOAD_BLOCK = 1 << 20
 SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")  # what the registry accepts as a file name
+BUNDLE = "model.sig"  # a signature bundle's name, in an upload and in a pulled folder (model-signing's default)
+
+
+def file_digests(paths: Iterable[str | os.PathLike[str]]) -> dict[str, str]:
+    """Each file's sha256 (hex) by its name, as the registry records them and a signature bundle lists them."""
+    digests = {}
+    for path in map(Path, paths):
+        digest = hashlib.sha256()
+        with path.open("rb") as stream:
+            while block := stream.read(DOWNLOAD_BLOCK):
+                digest.update(block)
+        digests[path.name] = digest.hexdigest()
+    return digests
 
 
 def _user_agent() -> str:
@@ -223,6 +236,7 @@ class Client:
         metadata: Mapping[str, Any] | str | None = None,
         progress: Progress | None = None,
         create_model: bool = True,
+        signature: bytes | None = None,
     ) -> Version:
         """Upload a new version: the ``.onnx`` file, then its external data and extras, streamed from disk.
 
@@ -230,11 +244,18 @@ class Client:
         not exist (unless ``create_model`` is false). The answer comes once the server has stored and
         recorded the files: the version is ``pending`` (a worker validates it) or already ``ready``
         or ``failed`` (validated in the upload request); :meth:`wait_ready` waits for the outcome.
+
+        ``signature`` is the uploader's OpenSSF Model Signing bundle over the files (by name and
+        sha256; :func:`file_digests`), sent as a ``model.sig`` part after them. The server refuses
+        the upload (400, naming why) unless it verifies with a key of ``MODELYARD_TRUSTED_SIGNERS``
+        and signs exactly the files sent.
         """
         files = [Path(path), *(Path(extra) for extra in extra_files)]
         for file in files:
             if not file.is_file():
                 raise ModelyardError(f"{file}: no such file")
+        if signature is not None and BUNDLE in {file.name for file in files}:
+            raise ModelyardError(f"{BUNDLE} is the signature sent with the files: leave the file out, or sign none")
         if create_model:
             try:
                 self.get_model(name)
@@ -249,7 +270,10 @@ class Client:
             fields.append(("description", description))
         if metadata is not None:
             fields.append(("metadata", metadata if isinstance(metadata, str) else json.dumps(metadata)))
-        body = MultipartBody(fields, [(file.name, file) for file in files], progress=progress)
+        parts: list[tuple[str, Path | bytes]] = [(file.name, file) for file in files]
+        if signature is not None:
+            parts.append((BUNDLE, signature))
+        body = MultipartBody(fields, parts, progress=progress)
         answer = self._json(
             "POST",
             f"/api/v1/models/{_q(name)}/versions",
@@ -311,6 +335,28 @@ class Client:
             partial.replace(folder / file.name)
         return folder / version.model_file.name
 
+    # --- Provenance ----------------------------------------------------------------------------------
+
+    def signing_keys(self) -> dict[str, Any]:
+        """The registry's public keys (``keys``: id, name, current, pem) and the uploaders it trusts.
+
+        Keys fetched from the server prove only that the server signed: pin a key you got elsewhere
+        to check that the registry you trust did.
+        """
+        return dict(self._json("GET", "/api/v1/signing-keys"))
+
+    def provenance(self, name: str, version: int | str) -> dict[str, Any]:
+        """Who signed the version, its derivation statement, each bundle checked by the server now."""
+        number = self.resolve_version(name, version)
+        return dict(self._json("GET", f"/api/v1/models/{_q(name)}/versions/{number}/provenance"))
+
+    def signature_bundle(self, name: str, version: int | str, file: str = BUNDLE) -> bytes:
+        """A signature bundle of the version: ``model.sig`` (the registry's, over every file), ``uploader.sig``,
+        ``derivation.sig``; :class:`NotFound` when the version has none."""
+        number = self.resolve_version(name, version)
+        path = f"/api/v1/models/{_q(name)}/versions/{number}/download"
+        return self.request("GET", path, params={"file": file}).content
+
     # --- Aliases and promotions ------------------------------------------------------------------------
 
     def list_aliases(self, name: str) -> list[Alias]:
@@ -318,6 +364,11 @@ class Client:
 
     def get_alias(self, name: str, alias: str) -> Alias:
         return Alias.from_json(self._json("GET", f"/api/v1/models/{_q(name)}/aliases/{_q(alias)}"))
+
+    def update_alias(self, name: str, alias: str, **changes: Any) -> Alias:
+        """Change an alias's settings (admins): ``require_signature``, ``trusted_signers``, the policy
+        (``max_slowdown_percent``, ``min_cosine``, ``max_abs_diff``), or ``protected`` and ``served`` on their own."""
+        return Alias.from_json(self._json("PATCH", f"/api/v1/models/{_q(name)}/aliases/{_q(alias)}", json_body=changes))
 
     def promote(
         self,

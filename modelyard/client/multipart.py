@@ -23,6 +23,9 @@ def _quoted(text: str) -> str:
 class MultipartBody:
     """``fields`` first (text), then ``files`` (each as one part named ``file_field``), in order.
 
+    A file is a path, read when its turn comes, or bytes already in memory (a signature bundle, which
+    ``progress`` does not count: it is made here, not what is being uploaded).
+
     ``progress`` counts the files' own bytes, as a person reads "290 B of 290 B": the part headers,
     boundaries and text fields go out too, but are not what they are uploading.
     """
@@ -30,7 +33,7 @@ class MultipartBody:
     def __init__(
         self,
         fields: Sequence[tuple[str, str]],
-        files: Sequence[tuple[str, Path]],
+        files: Sequence[tuple[str, Path | bytes]],
         *,
         file_field: str = "file",
         progress: Progress | None = None,

@@ -67,6 +67,8 @@ class Alias(_Record):
     version: int | None = None
     protected: bool = False
     served: bool = False
+    require_signature: bool = False  # only a version its uploader signed (or derived from one) can be set
+    trusted_signers: list[str] = field(default_factory=list)  # by these signers only; empty: any trusted one
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
 

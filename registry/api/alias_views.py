@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 from modelyard.error_body import error_body
 from registry import promotions, selectors, serving
 from registry.access.clients import actor_from_request
+from registry.api.serializers import FormListField
 from registry.comparison import compare
 from registry.errors import InvalidInput
 from registry.models import Alias, AliasMove, PromotionKind, PromotionRequest, PromotionState, RegisteredModel
@@ -25,6 +26,8 @@ from registry.models import Alias, AliasMove, PromotionKind, PromotionRequest, P
 class AliasSerializer(serializers.ModelSerializer[Alias]):
     alias = serializers.CharField(source="name")
     version = serializers.IntegerField(source="version.version", default=None)
+    # Whether a version needs an uploader's signature to be set here, and by whom (empty: any trusted signer).
+    trusted_signers = serializers.ListField(child=serializers.CharField())
 
     class Meta:
         model = Alias
@@ -36,6 +39,8 @@ class AliasSerializer(serializers.ModelSerializer[Alias]):
             "max_slowdown_percent",
             "min_cosine",
             "max_abs_diff",
+            "require_signature",
+            "trusted_signers",
             "updated_at",
         ]
 
@@ -111,7 +116,14 @@ class AliasFlagsInput(serializers.Serializer[Any]):
     max_slowdown_percent = serializers.FloatField(required=False, allow_null=True, min_value=0)
     min_cosine = serializers.FloatField(required=False, allow_null=True, min_value=-1, max_value=1)
     max_abs_diff = serializers.FloatField(required=False, allow_null=True, min_value=0)
+    # The signature requirement: admins only. Naming signers (from MODELYARD_TRUSTED_SIGNERS) implies requiring
+    # one; an empty list (or one empty form field) is any trusted signer.
+    require_signature = serializers.BooleanField(required=False)
+    trusted_signers = FormListField(child=serializers.CharField(max_length=150), required=False, max_length=100)
     reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+
+
+PROVENANCE_FIELDS = ("require_signature", "trusted_signers")
 
 
 class ReasonInput(serializers.Serializer[Any]):
@@ -205,19 +217,37 @@ class AliasDetail(APIView):
         data.is_valid(raise_exception=True)
         fields = dict(data.validated_data)
         policy = {name: fields.pop(name) for name in promotions.POLICY_FIELDS if name in fields}
-        if policy:
+        signature = {name: fields.pop(name) for name in PROVENANCE_FIELDS if name in fields}
+        if policy or signature:
             if "protected" in fields or "served" in fields:
-                raise InvalidInput("send the policy (max_slowdown_percent, min_cosine, max_abs_diff) on its own")
-            changed = promotions.alias_set_policy(
-                model=model, alias_name=_slug(alias, "alias name"), actor=actor_from_request(request), changes=policy
+                raise InvalidInput(
+                    "send the policy (max_slowdown_percent, min_cosine, max_abs_diff) and the signature requirement "
+                    "(require_signature, trusted_signers) without protected or served"
+                )
+            return Response(
+                AliasSerializer(_set_settings(model, _slug(alias, "alias name"), request, policy, signature)).data
             )
-            return Response(AliasSerializer(changed).data)
         outcome = promotions.alias_update_flags(
             model=model, alias_name=_slug(alias, "alias name"), actor=actor_from_request(request), **fields
         )
         if outcome.promotion is not None:
             return Response(PromotionSerializer(outcome.promotion).data, status=status.HTTP_202_ACCEPTED)
         return Response(AliasSerializer(outcome.alias).data)
+
+
+def _set_settings(
+    model: RegisteredModel, alias: str, request: Request, policy: dict[str, Any], signature: dict[str, Any]
+) -> Alias:
+    """The admin's settings of an alias: its signature requirement first, since only it refuses a value it
+    was sent (an unknown signer), then its policy; each service checks the admin role and audits."""
+    actor = actor_from_request(request)
+    changed = None
+    if signature:
+        changed = promotions.alias_set_provenance(model=model, alias_name=alias, actor=actor, **signature)
+    if policy:
+        changed = promotions.alias_set_policy(model=model, alias_name=alias, actor=actor, changes=policy)
+    assert changed is not None
+    return changed
 
 
 class AliasRollback(APIView):

@@ -1,4 +1,8 @@
-"""Audit review for auditors: list with filters, streaming export, and chain verification."""
+"""Audit review for auditors: list with filters, streaming export, and chain verification.
+
+A JSONL export signs the chain's head first (``registry/audit/heads.py``) and ends with the signed
+heads among its events, so the file checks itself offline (``modelyard audit verify-offline``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from django.conf import settings
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -21,9 +26,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from modelyard.auditfile import signed_head_record
 from registry.access.auth import has_role
 from registry.api.responses import StreamingExportResponse
 from registry.audit.chain import audit_event_list
+from registry.audit.heads import audit_head_sign, audit_head_signature_list
 from registry.audit.verify import audit_verify
 from registry.errors import InvalidInput
 from registry.models import AuditEvent, Role
@@ -33,6 +40,8 @@ MAX_SEQ = 2**63 - 1
 BAD_CURSOR = "invalid 'cursor': follow a page's 'next' or 'previous' link unchanged"
 # Rows fetched per database round trip and written per streamed chunk.
 EXPORT_CHUNK = 2000
+# Signed heads written per streamed chunk (each carries a bundle of about 1.5 KB).
+SIGNED_HEAD_CHUNK = 200
 # A CSV cell starting with one of these is a formula to spreadsheets (OWASP CSV injection).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 # Field name in the database, column name in exports (the same names the hash covers).
@@ -210,16 +219,32 @@ def _csv_cell(value: Any) -> Any:
 
 
 def _jsonl_chunks(events: QuerySet[AuditEvent]) -> Iterator[bytes]:
+    """The events, one a line, then the signed heads whose seq lies between the first and the last of them."""
     columns = [column for _, column in EXPORT_COLUMNS]
     buffer = io.StringIO()
+    first = last = 0
     for count, row in enumerate(_export_rows(events), start=1):
         record = dict(zip(columns, row, strict=True))
         record["at"] = record["at"].isoformat()
-        buffer.write(json.dumps(record, sort_keys=True, separators=(",", ":"), default=str))
-        buffer.write("\n")
+        first, last = first or record["seq"], record["seq"]
+        _write_line(buffer, record)
         if count % EXPORT_CHUNK == 0:
             yield _drain(buffer)
+    if first:
+        for count, head in enumerate(audit_head_signature_list(first=first, last=last), start=1):
+            at = head.created_at.isoformat()
+            _write_line(
+                buffer,
+                signed_head_record(seq=head.seq, chain_hash=head.hash, key_id=head.key_id, at=at, bundle=head.bundle),
+            )
+            if count % SIGNED_HEAD_CHUNK == 0:
+                yield _drain(buffer)
     yield _drain(buffer)
+
+
+def _write_line(buffer: io.StringIO, record: dict[str, Any]) -> None:
+    buffer.write(json.dumps(record, sort_keys=True, separators=(",", ":"), default=str))
+    buffer.write("\n")
 
 
 def _drain(buffer: io.StringIO) -> bytes:
@@ -251,7 +276,11 @@ class AuditExport(APIView):
     def get(self, request: Request) -> StreamingExportResponse:
         filters = _validated(request, self.InputSerializer)
         content_type, chunks = EXPORTS[filters["format"]]
-        response = StreamingExportResponse(chunks(_events(filters)), content_type=content_type)
+        events = _events(filters)
+        if filters["format"] == "jsonl":
+            # The head as of now, signed: the file holds the events up to it, and its signature.
+            events = events.filter(seq__lte=audit_head_sign(max_events=settings.AUDIT_VERIFY_MAX_EVENTS).seq)
+        response = StreamingExportResponse(chunks(events), content_type=content_type)
         response["Content-Disposition"] = f'attachment; filename="audit.{filters["format"]}"'
         return response
 

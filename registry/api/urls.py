@@ -1,6 +1,6 @@
 from django.urls import include, path
 
-from registry.api import alias_views, derive_views, fleet_views, token_views, views, webhook_views
+from registry.api import alias_views, derive_views, fleet_views, provenance_views, token_views, views, webhook_views
 
 urlpatterns = [
     path("models", views.ModelListCreate.as_view(), name="model-list"),
@@ -8,6 +8,11 @@ urlpatterns = [
     path("models/<str:name>/versions", views.VersionListUpload.as_view(), name="version-list"),
     path("models/<str:name>/versions/<int:version>", views.VersionDetail.as_view(), name="version-detail"),
     path("models/<str:name>/versions/<int:version>/download", views.VersionDownload.as_view(), name="version-download"),
+    path(
+        "models/<str:name>/versions/<int:version>/provenance",
+        provenance_views.VersionProvenance.as_view(),
+        name="version-provenance",
+    ),
     path(
         "models/<str:name>/versions/<int:version>/derive", derive_views.VersionDerive.as_view(), name="version-derive"
     ),
@@ -22,6 +27,7 @@ urlpatterns = [
     path("models/<str:name>/aliases/<str:alias>/rollback", alias_views.AliasRollback.as_view(), name="alias-rollback"),
     path("models/<str:name>/aliases/<str:alias>/history", alias_views.AliasHistory.as_view(), name="alias-history"),
     path("fleet", fleet_views.FleetList.as_view(), name="fleet"),
+    path("signing-keys", provenance_views.SigningKeys.as_view(), name="signing-keys"),
     path("promotions", alias_views.PromotionList.as_view(), name="promotion-list"),
     path("promotions/<int:pk>", alias_views.PromotionDetail.as_view(), name="promotion-detail"),
     path("promotions/<int:pk>/approve", alias_views.PromotionApprove.as_view(), name="promotion-approve"),

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.http import Http404
+from django.http import Http404, HttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
@@ -28,6 +29,7 @@ from registry.api.serializers import (
 from registry.errors import InvalidInput, NotFound, PayloadTooLarge
 from registry.http import MultipartUpload
 from registry.models import ModelVersion, RegisteredModel
+from registry.provenance import services as provenance
 from registry.uploads import version_upload
 from storage import get_storage
 
@@ -130,15 +132,25 @@ class VersionDetail(APIView):
 class VersionDownload(APIView):
     @extend_schema(
         parameters=[
-            OpenApiParameter("file", str, description="one of the version's files by name (default: the .onnx model)")
+            OpenApiParameter(
+                "file",
+                str,
+                description="one of the version's files by name (default: the .onnx model); or a signature bundle: "
+                "model.sig (the registry's, over every file), uploader.sig (the uploader's), derivation.sig",
+            )
         ],
-        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY},
+        responses={
+            (200, "application/octet-stream"): OpenApiTypes.BINARY,
+            (200, "application/json"): OpenApiTypes.OBJECT,
+        },
     )
-    def get(self, request: Request, name: str, version: int) -> StreamingFileResponse:
+    def get(self, request: Request, name: str, version: int) -> HttpResponseBase:
         found = _get_version(name, version)
         file_name = request.query_params.get("file") or None  # sent empty: the model, as when not sent
         # Each file of a bundle on its own (?file=NAME), so that clients fetch external data file by file.
         model_file = found.model_file if file_name is None else found.files.filter(name=file_name).first()
+        if model_file is None and file_name in provenance.DOWNLOAD_NAME:
+            return _bundle_response(found, file_name)
         if model_file is None:
             raise NotFound(f"version {found.version} of model '{name}' has no file '{file_name}'")
         stream = get_storage().open(model_file.storage_key)
@@ -147,3 +159,14 @@ class VersionDownload(APIView):
         response["ETag"] = f'"{model_file.sha256}"'
         response["X-Content-SHA256"] = model_file.sha256
         return response
+
+
+def _bundle_response(version: ModelVersion, file_name: str) -> HttpResponse:
+    """A signature bundle (a few kilobytes of JSON), as stored; its recorded sha256 as for any file."""
+    signature = provenance.bundle_download(version, file_name)
+    data = provenance.bundle_read(signature)  # a StorageError is a 503, as for any download
+    response = HttpResponse(data, content_type="application/json")
+    response["Content-Disposition"] = f'attachment; filename="{file_name}"'
+    response["ETag"] = f'"{signature.sha256}"'
+    response["X-Content-SHA256"] = signature.sha256
+    return response

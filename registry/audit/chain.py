@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from modelyard.auditfile import event_hash
 from registry.models import AuditChainHead, AuditEvent, ModelVersion
 
 
@@ -73,7 +74,7 @@ def audit_record(
         request_id=actor.request_id,
         prev_hash=head.last_hash,
     )
-    event.hash = event.compute_hash()
+    event.hash = event_hash(event.prev_hash, event.canonical())
     event.save()
     head.last_seq, head.last_hash = event.seq, event.hash
     head.save(update_fields=["last_seq", "last_hash"])

@@ -1,5 +1,8 @@
 """Recompute the audit hash chain and name the first event that does not fit.
 
+Each event's hash is recomputed with :func:`modelyard.auditfile.event_hash`, the one definition that
+``modelyard audit verify-offline`` also uses on an exported file.
+
 :func:`audit_verify` walks the whole chain (the API, the UI and ``modelyard manage audit_verify``);
 :func:`audit_chain_check_run` is the periodic, incremental check whose verdict ``/metrics`` exports.
 """
@@ -12,11 +15,11 @@ from typing import Any
 
 from django.utils import timezone
 
+from modelyard.auditfile import GENESIS_HASH, event_hash
 from registry.models import AuditChainCheck, AuditChainHead, AuditEvent
 
 logger = logging.getLogger(__name__)
 
-GENESIS_HASH = "0" * 64
 CHUNK_SIZE = 2000
 
 
@@ -120,7 +123,7 @@ def _walk(
                 prev_hash,
                 checked,
             )
-        if event.hash != event.compute_hash():
+        if event.hash != event_hash(event.prev_hash, event.canonical()):
             return (
                 _broken(checked, event.seq, f"event {event.seq}: hash does not match its contents"),
                 prev_hash,

@@ -81,6 +81,21 @@ class PromotionRequestForm(UiForm):
     force = forms.BooleanField(required=False)
 
 
+class NamesField(forms.CharField):
+    """Names on one line, separated by commas or spaces; an empty box is no names."""
+
+    def to_python(self, value: Any) -> list[str]:  # type: ignore[override]
+        text = super().to_python(value) or ""
+        return list(dict.fromkeys(name for name in re.split(r"[,\s]+", text) if name))
+
+
+class AliasSignatureForm(UiForm):
+    """Whether an alias requires an uploader's signature, and by which of MODELYARD_TRUSTED_SIGNERS (empty: any)."""
+
+    require_signature = forms.BooleanField(required=False)
+    trusted_signers = NamesField(required=False, max_length=4000)
+
+
 class TokenCreateForm(UiForm):
     name = forms.CharField(required=False, max_length=100)
     expires_days = forms.IntegerField(required=False, min_value=1, max_value=3650)

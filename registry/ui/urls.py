@@ -15,6 +15,7 @@ urlpatterns = [
     path("models/<str:name>/compare", ui_views.version_compare, name="compare"),
     path("models/<str:name>/promote", ui_views.promotion_request, name="promote"),
     path("models/<str:name>/aliases/<str:alias>/rollback", ui_views.alias_rollback, name="alias-rollback"),
+    path("models/<str:name>/aliases/<str:alias>/signature", ui_views.alias_signature, name="alias-signature"),
     path("promotions", ui_views.promotion_index, name="promotions"),
     path("promotions/<int:promotion_id>", ui_views.promotion_detail, name="promotion"),
     path("promotions/<int:promotion_id>/<str:decision>", ui_views.promotion_decide, name="promotion-decide"),

@@ -60,9 +60,11 @@ from registry.models import (
     Role,
     VersionStatus,
 )
+from registry.provenance import services as provenance
 from registry.ui.charts import traffic_charts
 from registry.ui.errors import error_page
 from registry.ui.forms import (
+    AliasSignatureForm,
     ModelBatchingForm,
     ModelCreateForm,
     ModelEditForm,
@@ -210,6 +212,8 @@ def _model_detail(
         "batching_form": batching_form
         or ModelBatchingForm(initial={"batching": model.batching, "max_batch_size": model.max_batch_size}),
         "error": error or at_error,
+        # Who an alias may require a signature by (MODELYARD_TRUSTED_SIGNERS), for the admins' form.
+        "trusted_signer_names": [name for name, _ in settings.TRUSTED_SIGNERS],
     }
     return render(request, "modelyard/ui/model.html", context, status=400 if at_error and status == 200 else status)
 
@@ -274,6 +278,35 @@ def alias_rollback(request: HttpRequest, name: str, alias: str) -> HttpResponse:
     return redirect("ui:model", name=model.name)
 
 
+@login_required
+@require_POST
+def alias_signature(request: HttpRequest, name: str, alias: str) -> HttpResponse:
+    """POST: whether the alias requires an uploader's signature, and by which trusted signers (admins)."""
+    model = get_object_or_404(RegisteredModel, name=name)
+    get_object_or_404(Alias, model=model, name=alias)  # the page sets existing aliases; the API may create one
+    form = AliasSignatureForm(request.POST)
+    try:
+        if not form.is_valid():
+            raise _form_refusal(form)
+        signers = form.cleaned_data["trusted_signers"]
+        changed = promotions.alias_set_provenance(
+            model=model,
+            alias_name=alias,
+            actor=actor_from_request(request),
+            # Naming signers is requiring a signature, ticked or not.
+            require_signature=form.cleaned_data["require_signature"] or bool(signers),
+            trusted_signers=signers,
+        )
+    except RegistryError as exc:
+        return _model_detail(request, model, error=exc.message, status=refusal(request, exc))
+    if not changed.require_signature:
+        messages.success(request, f"'{alias}' no longer requires a signature.")
+    else:
+        by = ", ".join(changed.trusted_signers) if changed.trusted_signers else "any trusted signer"
+        messages.success(request, f"'{alias}' now requires a signature by {by}.")
+    return redirect("ui:model", name=model.name)
+
+
 # --- Versions -----------------------------------------------------------------------------------------
 
 
@@ -321,6 +354,8 @@ def _version_detail(
         "aliases": [alias for alias in selectors.alias_list(model=model) if alias.version_id == version.pk],
         # Why a host serves on the CPU is said once per host above the table, not on each of its rows.
         "fleet": [(worker, row, _without_notice(row.note, worker.notice) if row else "") for worker, row in fleet],
+        "provenance": provenance.version_provenance(version),
+        "fleet_checks": [(worker, _bytes_check(row)) for worker, row in fleet],
         "fleet_notices": sorted({(worker.host, worker.notice) for worker, _ in fleet if worker.notice}),
         "others": [v.version for v in selectors.version_list(model=model) if v.pk != version.pk],
         "metadata": json.dumps(version.metadata, indent=2, sort_keys=True) if version.metadata else "",
@@ -333,6 +368,23 @@ def _version_detail(
         "batching": version.batching_decision(model),
     }
     return render(request, "modelyard/ui/version.html", context, status=status)
+
+
+# What an inference process's load error starts with when the bytes it fetched did not verify.
+REFUSED_LOADS = ("VerificationFailed: ", "HashMismatch: ")
+
+
+def _bytes_check(row: serving.LoadedRow | None) -> str:
+    """What one inference process found of the version's bytes: verified (it loads only what verifies), refused
+    with the reason, or "" when it has not checked them."""
+    if row is None:
+        return ""
+    if row.state in (serving.LoadState.READY, serving.LoadState.DRAINING):
+        return "verified"
+    for prefix in REFUSED_LOADS:
+        if row.state == serving.LoadState.FAILED and row.error.startswith(prefix):
+            return f"refused: {row.error[len(prefix) :]}"
+    return ""
 
 
 @login_required
@@ -522,6 +574,7 @@ def _promote_page(
         "candidate": candidate,
         "diff": diff,
         "needs_approval": alias is not None and alias.protected,
+        "signature_problem": provenance.signature_problem(alias, candidate) if alias and candidate else None,
         "waiting": selectors.promotion_list(state=PromotionState.PENDING, model_name=model.name).filter(
             alias__name=alias_name
         ),
@@ -606,9 +659,14 @@ def _promotion_review(
         diff = comparison(promotion.base_version, promotion.version, promotion.alias)
     since = promotions.review_window_start(promotion)
     grants = access_selectors.privileged_grant_list(since=since)
+    candidate = promotion.version if promotion.kind == PromotionKind.MOVE else None
     context = {
         "promotion": promotion,
         "diff": diff,
+        "provenance": provenance.version_provenance(candidate) if candidate is not None else None,
+        "signature_problem": provenance.signature_problem(promotion.alias, candidate)
+        if candidate is not None
+        else None,
         "why_not": _why_not(request, promotion),
         "own": promotion.requested_by_id == request.user.pk,
         "grants": grants[: access_selectors.PRIVILEGED_GRANTS_SHOWN],

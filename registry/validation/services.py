@@ -4,6 +4,7 @@ webhook event). The validation itself is ``registry/validation/job.py``."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import timedelta
 
 from django.conf import settings
@@ -15,6 +16,7 @@ from onnxkit.validation import BATCH_UNCHECKED, ValidationResult
 from registry.audit.chain import SYSTEM, audit_version
 from registry.benchmarks.services import benchmarks_request
 from registry.models import FileRole, ModelVersion, VersionStatus, WebhookEvent
+from registry.provenance.services import SignedBundle, signatures_record
 from registry.serving import fleet_providers
 from registry.webhooks import services as webhooks
 
@@ -76,8 +78,10 @@ def version_validation_heartbeat(*, version_id: int) -> None:
 
 
 @transaction.atomic(durable=True)
-def version_record_validation(*, version_id: int, result: ValidationResult) -> ModelVersion | None:
-    """Store the validation outcome; a version already decided is left alone."""
+def version_record_validation(
+    *, version_id: int, result: ValidationResult, signatures: Sequence[SignedBundle] = ()
+) -> ModelVersion | None:
+    """Store the validation outcome, and the registry's ``signatures`` of a ready version; a decided version stays."""
     version = (
         ModelVersion.objects.select_for_update()
         .select_related("model")
@@ -97,6 +101,8 @@ def version_record_validation(*, version_id: int, result: ValidationResult) -> M
     version.batch_note = result.batch_note
     version.validated_at = timezone.now()
     version.save()
+    if result.ok:
+        signatures_record(version, signatures)
     if result.ok:  # benchmarked on the serving hardware: inference processes take these rows
         benchmarks_request(version, providers=fleet_providers())
     if result.external_data_files:

@@ -125,7 +125,12 @@ def test_every_command_against_a_live_server(live: LiveServer):
         pull = run("pull", "example", "production", "pulled")
         assert pull.stdout.splitlines()[0] == "Pulled 'example' version 1 (2 file(s), sha256 checked) into pulled."
         assert pull.stderr.splitlines()[-1].startswith("Downloading example version 1 [####")
-        assert sorted(p.name for p in (live.folder / "pulled").iterdir()) == ["model.onnx", "model.onnx.data"]
+        assert pull.stdout.splitlines()[1].startswith("Signature OK: model.sig is the registry's over every file")
+        assert sorted(p.name for p in (live.folder / "pulled").iterdir()) == [
+            "model.onnx",
+            "model.onnx.data",
+            "model.sig",
+        ]
         session = ort.InferenceSession(str(live.folder / "pulled" / "model.onnx"), providers=["CPUExecutionProvider"])
         [y] = session.run(None, {"x": np.array([[1, 2, 3, 4]], dtype=np.float32)})
         assert y.tolist() == [[4.5, 6.5]]
@@ -162,8 +167,9 @@ def test_every_command_against_a_live_server(live: LiveServer):
             "promotion.approve",
         ]
         run("audit", "--export", "jsonl", "--output", "audit.jsonl")
-        exported = [json.loads(line) for line in (live.folder / "audit.jsonl").read_text().splitlines()]
+        *exported, signed = [json.loads(line) for line in (live.folder / "audit.jsonl").read_text().splitlines()]
         assert [e["seq"] for e in exported] == list(range(1, len(exported) + 1))
+        assert (signed["type"], signed["seq"]) == ("signed_head", len(exported))
         assert run("audit", "--verify").stdout == f"Audit chain OK: {len(exported)} events checked.\n"
         assert run("audit", "--verify", "--profile", "bob", expect=1).stderr == (
             "modelyard audit: reading the audit log needs the auditor or admin role\n"

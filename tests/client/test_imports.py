@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 
@@ -36,3 +37,32 @@ def test_a_user_command_runs_with_the_server_code_unimportable():
     )
     assert done.returncode == 1, done.stderr
     assert done.stderr.startswith("modelyard models: cannot reach http://127.0.0.1:9: ")
+
+
+def test_the_client_leaves_the_signing_library_until_a_command_needs_it():
+    done = run_python(
+        "import modelyard.client, modelyard.client.commands\n"
+        "signing = ('cryptography', 'model_signing', 'modelyard.provenance')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(signing)))\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_verify_checks_a_folder_with_the_server_code_unimportable(tmp_path):
+    from modelyard.provenance import Signer, generate_private_key
+
+    key = generate_private_key()
+    (tmp_path / "key.pub.pem").write_bytes(Signer(key).public_pem)
+    (tmp_path / "pulled").mkdir()
+    (tmp_path / "pulled" / "model.onnx").write_bytes(b"not really a model")
+    digest = hashlib.sha256(b"not really a model").hexdigest()
+    (tmp_path / "pulled" / "model.sig").write_bytes(Signer(key).sign({"model.onnx": digest}))
+
+    done = run_python(
+        "from modelyard.cli import main\n"
+        f"sys.exit(main(['verify', {str(tmp_path / 'pulled')!r}, '--key', {str(tmp_path / 'key.pub.pem')!r}]))\n"
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{tmp_path / 'pulled'}: 1 file(s) match model.sig, signed with ")

@@ -160,7 +160,7 @@ def test_every_workload_reads_the_configmap_and_the_one_secret(base):
             assert sources == ["modelyard-config", "modelyard-secrets"], f"{workload} {container['name']}"
     configmap = by_name(base, "ConfigMap", "modelyard-config")
     assert not {"MODELYARD_SECRET_KEY", "MODELYARD_DATABASE_URL", "MODELYARD_BROKER_URL"} & set(configmap["data"])
-    assert {"MODELYARD_SECRET_KEY", "MODELYARD_DATABASE_URL", "AWS_SECRET_ACCESS_KEY"} <= set(
+    assert {"MODELYARD_SECRET_KEY", "MODELYARD_SIGNING_KEY", "MODELYARD_DATABASE_URL", "AWS_SECRET_ACCESS_KEY"} <= set(
         secret_example()["stringData"]
     )
 
@@ -178,6 +178,13 @@ def test_the_example_secret_holds_placeholders_only_and_its_key_is_refused(tmp_p
     )
     assert result.returncode != 0
     assert "MODELYARD_SECRET_KEY: still the example Secret's placeholder; set a long random one" in result.stderr
+
+    env.update(MODELYARD_SECRET_KEY="a-real-one-" * 5, MODELYARD_SIGNING_KEY=values["MODELYARD_SIGNING_KEY"])
+    result = subprocess.run(
+        [sys.executable, "-m", "modelyard.cli", "manage", "check"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert "MODELYARD_SIGNING_KEY: still the example Secret's placeholder; put a PEM key there" in result.stderr
 
 
 # --- Commands, probes, security -------------------------------------------------------------------------

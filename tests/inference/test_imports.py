@@ -1,7 +1,8 @@
 """The seam between the planes: ``inference/`` imports from ``registry`` only ``registry.serving``.
 
-From the rest of the project it imports only the ground floor (``onnxkit``), ``storage`` and the
-Prometheus exposition (``modelyard.metrics``); and its wire format loads without Django settings.
+From the rest of the project it imports only the ground floor (``onnxkit``), ``storage``, the
+Prometheus exposition (``modelyard.metrics``) and the signature checks (``modelyard.provenance``); and
+its wire format loads without Django settings.
 """
 
 from __future__ import annotations
@@ -67,7 +68,14 @@ def test_the_rule_sees_every_form_of_import(tmp_path):
 
 # What ``inference`` may import from the project besides itself: a module is allowed when it is one of
 # these or inside one of these.
-ALLOWED_FROM_PROJECT = ("inference", "registry.serving", "onnxkit", "storage", "modelyard.metrics")
+ALLOWED_FROM_PROJECT = (
+    "inference",
+    "registry.serving",
+    "onnxkit",
+    "storage",
+    "modelyard.metrics",
+    "modelyard.provenance",
+)
 PROJECT = ("inference", "registry", "onnxkit", "storage", "modelyard", "bench", "scripts", "tests")
 
 
@@ -103,6 +111,7 @@ def test_inference_imports_from_the_project_only_the_seam_onnxkit_storage_and_me
     assert (folder / "protocol.py", "onnxkit.datatypes.NUMPY_OF") in found
     assert (folder / "cache.py", "storage.get_storage") in found
     assert (folder / "metrics.py", "modelyard.metrics") in found
+    assert (folder / "verify.py", "modelyard.provenance.verify_bundle") in found
 
 
 def test_the_wire_format_and_the_batcher_import_without_django_settings():

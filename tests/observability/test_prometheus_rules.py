@@ -24,6 +24,7 @@ THRESHOLDS = {
 ALSO = {
     "ModelyardFleetWorkerOffline",
     "ModelyardModelLoadFailing",
+    "ModelyardModelVerifyFailed",
     "ModelyardValidationBacklogGrowing",
     "ModelyardAuditChainBroken",
     "ModelyardAuditChainUnverified",

@@ -47,6 +47,8 @@ def test_new_model_has_protected_served_production_alias(owner, registered):
         "max_slowdown_percent": None,
         "min_cosine": None,
         "max_abs_diff": None,
+        "require_signature": False,
+        "trusted_signers": [],
     }
 
 

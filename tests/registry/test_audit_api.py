@@ -214,8 +214,12 @@ def test_jsonl_export_lets_anyone_recompute_the_hashes(owner, auditor):
     _create_models(owner, "m1")
     response = auditor.get("/api/v1/audit/export?format=jsonl")
     assert response["Content-Type"] == "application/x-ndjson"
-    lines = _body(response).splitlines()
+    *lines, signed = _body(response).splitlines()
     assert len(lines) == AuditEvent.objects.count()
+    # The events, then the registry's signature over the chain's head (tests/registry/test_audit_offline.py).
+    last = AuditEvent.objects.order_by("seq").last()
+    assert json.loads(signed)["type"] == "signed_head"
+    assert (json.loads(signed)["seq"], json.loads(signed)["hash"]) == (last.seq, last.hash)
     for line in lines:
         record = json.loads(line)
         record["model_name"] = record.pop("model")
@@ -330,9 +334,10 @@ def test_export_streams_chunk_by_chunk_through_the_asgi_handler(monkeypatch):
     assert messages[0]["type"] == "http.response.start" and messages[0]["status"] == 200
     bodies = [m["body"] for m in messages[1:] if m.get("body")]
     assert len(bodies) >= 3  # 2,000 events per chunk
-    lines = b"".join(bodies).splitlines()
+    *lines, signed = b"".join(bodies).splitlines()
     assert len(lines) == total
     assert [json.loads(line)["seq"] for line in lines] == list(range(1, total + 1))
+    assert (json.loads(signed)["type"], json.loads(signed)["seq"]) == ("signed_head", total)
 
 
 # --- Verify -------------------------------------------------------------------------------------

@@ -125,9 +125,14 @@ def _staging_on(number: int, kind: str) -> Check:
 def _staging_flags_kept(world: World, body: Body | None, answer: Any) -> None:
     staging = world.read(f"/api/v1/models/{MODEL}/aliases/staging")
     assert (staging["version"], staging["protected"], staging["served"]) == (2, False, False)
-    # An empty limit is no limit (null).
+    # An empty limit is no limit (null); an empty trusted signers field is none (any trusted signer).
     assert (staging["max_slowdown_percent"], staging["min_cosine"], staging["max_abs_diff"]) == (None, None, None)
+    assert (staging["require_signature"], staging["trusted_signers"]) == (False, [])
     assert answer["alias"] == "staging"
+
+
+def _signed(world: World, body: Body | None, answer: Any) -> None:
+    assert (answer["signed"], answer["problems"], [s["kind"] for s in answer["signers"]]) == (True, [], ["registry"])
 
 
 def _decided(state: str, production: int | None, by: str) -> Check:
@@ -272,6 +277,8 @@ CALLS: dict[str, Call] = {
     "v1_models_versions_benchmarks_list": _read(params=_version_1),
     "v1_models_versions_derive_list": _read(params=_version_1),
     "v1_models_versions_download_retrieve": Call("mia", 200, params=_version_1, check=_model_downloaded),
+    "v1_models_versions_provenance_retrieve": Call("mia", 200, params=_version_1, check=_signed),
+    "v1_signing_keys_retrieve": _read(),
     "v1_promotions_list": _read(),
     "v1_promotions_retrieve": _read(params=_promotion),
     "v1_tokens_list": _read(),

@@ -76,7 +76,7 @@ def _promotion_page(world: World) -> str:
 PAGES: dict[str, Page] = {
     "home": Page(lambda w: "/", ("mia", None)),
     "ui:models": Page(lambda w: "/ui/"),
-    "ui:model": Page(lambda w: f"/ui/models/{MODEL}", ("mia", "ada")),
+    "ui:model": Page(lambda w: f"/ui/models/{MODEL}", ("mia", "ada", "root")),  # root sets signature requirements
     "ui:upload": Page(lambda w: f"/ui/models/{MODEL}/upload"),
     "ui:version": Page(lambda w: f"/ui/models/{MODEL}/versions/1"),
     "ui:compare": Page(lambda w: f"/ui/models/{MODEL}/compare?a=1&b=2"),
@@ -96,6 +96,7 @@ POST_ONLY = {
     "logout",
     "ui:model-batching",
     "ui:alias-rollback",
+    "ui:alias-signature",
     "ui:promotion-decide",
     "ui:token-revoke",
     "ui:user",
@@ -147,6 +148,14 @@ def _staging_on(number: int, kind: str) -> Check:
         assert (last["to_version"], last["kind"], last["reason"]) == (number, kind, "")
 
     return check
+
+
+def _signature_not_required(world: World, response: Any) -> None:
+    """The box unticked and no signer named: no signature required, by nobody in particular; audited."""
+    staging = world.read(f"/api/v1/models/{MODEL}/aliases/staging")
+    assert (staging["require_signature"], staging["trusted_signers"]) == (False, [])
+    (event,) = world.read("/api/v1/audit?action=alias.provenance")["results"]
+    assert (event["actor"], event["target"]) == ("root", f"{MODEL}@staging")
 
 
 def _version_cleared(world: World, response: Any) -> None:
@@ -230,6 +239,14 @@ FORMS: dict[str, Submit] = {
     "ui:model-batching": Submit("ui:model", "mia", 302, _batching_kept, f"/ui/models/{MODEL}"),
     "ui:alias-rollback": Submit(
         "ui:model", "mia", 302, _staging_on(1, "rollback"), f"/ui/models/{MODEL}", copy=lambda w: "/aliases/staging/"
+    ),
+    "ui:alias-signature": Submit(
+        "ui:model",
+        "root",
+        302,
+        _signature_not_required,
+        f"/ui/models/{MODEL}",
+        copy=lambda w: "/aliases/staging/",
     ),
     "ui:version": Submit("ui:version", "mia", 302, _version_cleared, f"/ui/models/{MODEL}/versions/1"),
     "ui:upload": Submit(

@@ -8,8 +8,10 @@ import re
 import uuid
 
 import pytest
+from django.conf import settings
 
-from registry.models import ModelFile, ModelVersion, RegisteredModel
+from modelyard.provenance import build_trust, verify_bundle
+from registry.models import ModelFile, ModelVersion, RegisteredModel, VersionSignature
 from registry.tasks import collect_orphaned_artifacts
 from storage import get_storage
 from tests.support.onnx_models import add_model_bytes, external_data_model
@@ -17,7 +19,7 @@ from tests.support.s3 import bucket_objects, closed_port_url
 
 pytestmark = pytest.mark.django_db
 
-UPLOAD_KEY = re.compile(r"^pfx/artifacts/demo/([0-9a-f]{32})/(model\.onnx|weights\.bin|vocab\.json)$")
+UPLOAD_KEY = re.compile(r"^pfx/artifacts/demo/([0-9a-f]{32})/(model\.onnx|weights\.bin|vocab\.json|\.registry\.sig)$")
 
 
 def test_upload_to_s3_stores_exact_bytes_under_the_prefix_and_ends_ready(
@@ -47,11 +49,16 @@ def test_upload_to_s3_stores_exact_bytes_under_the_prefix_and_ends_ready(
     upload_ids = {m.group(1) for m in matches if m}
     assert len(upload_ids) == 1
     prefix = f"pfx/artifacts/demo/{upload_ids.pop()}"
+    # Beside the files, the registry's signature over all three, made once validation passed.
+    bundle = objects.pop(f"{prefix}/.registry.sig")
     assert objects == {
         f"{prefix}/model.onnx": model,
         f"{prefix}/weights.bin": weights,
         f"{prefix}/vocab.json": tokenizer,
     }
+    verified = verify_bundle(bundle, build_trust(registry_keys=[settings.SIGNING_KEY]))
+    assert verified.signer == "modelyard"
+    assert verified.digests == {name: hashlib.sha256(data).hexdigest() for name, data in objects_by_name(objects)}
     stored = {f.name: (f.storage_key, f.sha256, f.size_bytes) for f in ModelFile.objects.all()}
     key_root = prefix.removeprefix("pfx/")
     assert stored == {
@@ -67,13 +74,17 @@ def test_upload_to_s3_stores_exact_bytes_under_the_prefix_and_ends_ready(
     assert download["X-Content-SHA256"] == hashlib.sha256(model).hexdigest()
 
 
+def objects_by_name(objects: dict[str, bytes]) -> list[tuple[str, bytes]]:
+    return [(key.rsplit("/", 1)[1], data) for key, data in objects.items()]
+
+
 def test_upload_while_s3_is_unreachable_is_503_and_leaves_no_version(owner, registered, s3_settings):
     s3_settings.S3_ENDPOINT_URL = closed_port_url()
     s3_settings.S3_MAX_ATTEMPTS = 1
     s3_settings.S3_CONNECT_TIMEOUT = 0.5
     get_storage.cache_clear()
 
-    response = owner.upload(registered, [("model.onnx", add_model_bytes()), ("tokenizer.json", b"{}")])
+    response = owner.upload(registered, [("model.onnx", add_model_bytes()), ("notes.txt", b"trained on x")])
 
     assert response.status_code == 503, response.content
     body = response.json()
@@ -106,10 +117,13 @@ def _orphan_and_upload(owner, registered):
     """One real upload plus an object that no version references (a crash before the DB commit)."""
     orphan_key = f"artifacts/demo/{uuid.uuid4().hex}/model.onnx"
     get_storage().write(orphan_key, io.BytesIO(add_model_bytes(bias=9.0)))
-    response = owner.upload(registered, [("model.onnx", add_model_bytes()), ("tokenizer.json", b"{}")])
+    response = owner.upload(registered, [("model.onnx", add_model_bytes()), ("notes.txt", b"trained on x")])
     assert response.status_code == 201, response.content
     referenced = set(ModelFile.objects.values_list("storage_key", flat=True))
     assert len(referenced) == 2
+    signatures = set(VersionSignature.objects.values_list("storage_key", flat=True))
+    assert [key.rsplit("/", 1)[1] for key in signatures] == [".registry.sig"]  # an object of the version too
+    referenced |= signatures
     return orphan_key, referenced
 
 

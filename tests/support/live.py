@@ -3,7 +3,7 @@
 Models are registered through the real services (as ``tests/support/v2server.py`` does) and
 committed, so the server's processes see them; the fixture that uses this flushes the database
 afterwards. ``demo`` serves v1 (v2 is ready for a swap); ``broken`` is promoted but its artifact is
-deleted before the server starts, so it never loads: its requests answer 503.
+changed in storage before the server starts, so it never loads: its requests answer 503.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from registry.audit.chain import Actor
 from registry.models import PRODUCTION, FileRole, ModelFile, RegisteredModel, Role
 from registry.serving import fleet_list
 from tests.support.inference import infer_body
-from tests.support.onnx_models import add_model
+from tests.support.onnx_models import add_model, add_model_bytes
 from tests.support.polling import eventually
 from tests.support.processes import ServeProcess, subprocess_database_url
 from tests.support.servers import inference_env
@@ -128,7 +128,8 @@ def start_live_server(tmp: Path, *, redis_url: str) -> LiveServer:
     )
     register(ServedModel("broken", [add_model(bias=5.0)]), owner=owner, approver=approver, admin=admin)
     key = ModelFile.objects.get(version__model__name="broken", role=FileRole.MODEL).storage_key
-    Path(django_settings.STORAGE.path, *key.split("/")).unlink()  # it can never load
+    # Changed in the bucket after validation: every load refuses its bytes (a verify failure, counted).
+    Path(django_settings.STORAGE.path, *key.split("/")).write_bytes(add_model_bytes(bias=6.0))
 
     env = inference_env("live", tmp / "data", subprocess_database_url(), Path(django_settings.STORAGE.path))
     del env["MODELYARD_WORKER_ID"]  # each worker process its own fleet member

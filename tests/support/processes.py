@@ -54,6 +54,9 @@ def base_env(**extra: str) -> dict[str, str]:
     # A served version's benchmark job would spend seconds of the shared CPU in every test that uploads;
     # tests/inference/test_benchmarks.py turns it on where it is the subject.
     env.update(MODELYARD_BENCHMARKS="false")
+    # The registry's key of this test process: a server started here verifies (and signs) what the tests'
+    # uploads were signed with, as the hosts of one deployment share it.
+    env.update(MODELYARD_SIGNING_KEY=django_settings.SIGNING_KEY.decode())
     env.update(extra)
     return env
 
