@@ -329,7 +329,7 @@ def signature_problem(alias: Alias, version: ModelVersion) -> str | None:
             break
         current = current.derived_from
     who = f" by one of {', '.join(repr(t) for t in trusted)}" if trusted else ""
-    return f"version {version.version} is not signed by its uploader{who}, and '{alias.name}' requires a signature"
+    return f"version {version.version} is not signed by its uploader, and '{alias.name}' requires a signature{who}"
 
 
 def check_alias_signature(alias: Alias, version: ModelVersion) -> None:

@@ -158,8 +158,8 @@ def test_an_alias_that_requires_a_signature_from_the_command_line(live: LiveServ
     )
     refused = run(live, "promote", "guarded", "staging", "2", *admin, expect=1)
     assert refused.stderr == (
-        "modelyard promote: version 2 is not signed by its uploader by one of 'ml-team', "
-        "and 'staging' requires a signature\n"
+        "modelyard promote: version 2 is not signed by its uploader, "
+        "and 'staging' requires a signature by one of 'ml-team'\n"
     )
     assert run(live, "promote", "guarded", "staging", "1", *admin).stdout == (
         "Moved 'staging' of 'guarded' from version None to 1.\n"

@@ -81,5 +81,6 @@ def test_the_readme_quick_tour_runs_as_written(tmp_path):
     assert "Pulled 'example' version 1 (2 file(s), sha256 checked) into pulled." in out
     assert re.search(r"Audit chain OK: \d+ events checked\.", out)
     assert out.rstrip().endswith("{'y': array([[4.5, 6.5]], dtype=float32)}")
-    assert sorted(p.name for p in (folder / "pulled").iterdir()) == ["model.onnx", "model.onnx.data"]
+    assert "Signature OK: model.sig is the registry's over every file (" in out
+    assert sorted(p.name for p in (folder / "pulled").iterdir()) == ["model.onnx", "model.onnx.data", "model.sig"]
     assert (folder / ".modelyard" / "modelyard.sqlite3").exists()  # the embedded default, in the tour's folder

@@ -172,12 +172,14 @@ def test_a_bundle_larger_than_the_limit_is_refused(owner: Person, registered, ml
     assert not ModelVersion.objects.exists()
 
 
-def test_a_derived_version_carries_a_signed_statement_of_its_parent_recipe_and_libraries(
-    owner: Person, registered: str
+def test_a_derived_version_carries_a_signed_statement_and_passes_an_alias_its_signed_parent_passes(
+    owner: Person, admin: Person, registered: str, ml_team
 ):
-    parent_bytes = classifier_model().SerializeToString()
-    assert owner.upload(registered, [("model.onnx", parent_bytes)]).status_code == 201
     from tests.registry.test_derive import derived_version
+
+    parent_bytes = classifier_model().SerializeToString()
+    bundle = ml_team.signer.sign({"model.onnx": sha256(parent_bytes)})
+    assert owner.upload(registered, [("model.onnx", parent_bytes), ("model.sig", bundle)]).status_code == 201
 
     child = derived_version(owner, registered, 1, "fp16")
 
@@ -191,6 +193,11 @@ def test_a_derived_version_carries_a_signed_statement_of_its_parent_recipe_and_l
     verified = provenance.signature_verify(statement)
     assert verified.digests["parent/model.onnx"] == sha256(parent_bytes)
     assert provenance.version_provenance(child)["derivation"]["verified"] is True
+
+    # An alias that requires ml-team's signature takes the child: its statement names a parent ml-team signed.
+    require(admin, registered, "ml-team")
+    response = set_alias(owner, registered, child.version)
+    assert response.status_code == 200, response.content
 
     # A statement whose document was changed in the database no longer verifies.
     statement.document = {**document, "recipe": {"recipe": "int8"}}
@@ -293,20 +300,6 @@ def test_a_protected_alias_refuses_the_request_and_the_approval_of_an_unsigned_v
     assert approval.status_code == 409, approval.content
     assert approval.json()["error"] == "version 1 is not signed by its uploader, and 'production' requires a signature"
     assert set_alias(owner, registered, 2, alias="production").status_code == 202
-
-
-def test_a_derived_version_of_a_signed_parent_is_accepted(owner, admin, registered, ml_team):
-    parent_bytes = classifier_model().SerializeToString()
-    bundle = ml_team.signer.sign({"model.onnx": sha256(parent_bytes)})
-    assert owner.upload(registered, [("model.onnx", parent_bytes), ("model.sig", bundle)]).status_code == 201
-    from tests.registry.test_derive import derived_version
-
-    child = derived_version(owner, registered, 1, "fp16")
-    require(admin, registered, "ml-team")
-
-    response = set_alias(owner, registered, child.version)
-
-    assert response.status_code == 200, response.content
 
 
 def test_only_configured_signers_can_be_named_and_only_by_an_admin(owner, admin, registered, ml_team):
