@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import orjson
 from django.conf import settings
 from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
@@ -208,7 +208,7 @@ def _csv_cell(value: Any) -> Any:
     if value is None:
         return ""
     if isinstance(value, dict | list):
-        return json.dumps(value, sort_keys=True, separators=(",", ":"))
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
     if hasattr(value, "isoformat"):
         return value.isoformat()
     if isinstance(value, str) and value.startswith(FORMULA_STARTS):
@@ -243,7 +243,9 @@ def _jsonl_chunks(events: QuerySet[AuditEvent]) -> Iterator[bytes]:
 
 
 def _write_line(buffer: io.StringIO, record: dict[str, Any]) -> None:
-    buffer.write(json.dumps(record, sort_keys=True, separators=(",", ":"), default=str))
+    # orjson: the same compact, key-sorted JSON as json.dumps(sort_keys=True, separators=(",", ":")), with
+    # text as UTF-8 rather than escaped, in a fraction of the time (an export is mostly this call).
+    buffer.write(orjson.dumps(record, option=orjson.OPT_SORT_KEYS, default=str).decode())
     buffer.write("\n")
 
 
