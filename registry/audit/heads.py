@@ -15,13 +15,13 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.db import transaction
 
 from modelyard.auditfile import GENESIS_HASH, HEAD_BUNDLE_NAME, head_digests
 from modelyard.provenance import Signer
 from registry.audit.verify import audit_verify_from
 from registry.models import AuditChainCheck, AuditChainHead, AuditHeadSignature
+from registry.provenance.services import registry_signer
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ def audit_head_sign(*, max_events: int) -> HeadSnapshot:
     next call goes on from there. A broken chain is not signed; the break is logged, and the periodic
     check reports it on ``/metrics``.
     """
-    signer = Signer(settings.SIGNING_KEY)
+    signer = registry_signer()
     anchor_seq, anchor_hash = _anchor()
     # Read after the anchor: the head only moves forward, so it is at or past it.
     head = AuditChainHead.objects.filter(pk=1).values_list("last_seq", "last_hash").first()

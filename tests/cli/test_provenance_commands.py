@@ -19,6 +19,7 @@ import pytest
 from modelyard.provenance import Signer, generate_private_key
 from tests.support.embedded import LiveServer, modelyard, start_live_server
 from tests.support.onnx_models import add_model_bytes
+from tests.support.signing import certificate_chain
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,7 +31,11 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
         key = generate_private_key()
         (folder / f"{name}.key.pem").write_bytes(key)
         (folder / f"{name}.pub.pem").write_bytes(Signer(key).public_pem)
-    found = start_live_server(folder, MODELYARD_TRUSTED_SIGNERS=f"ml-team={folder / 'ml-team.pub.pem'}")
+    chain = certificate_chain(folder, "ml-team-ca")  # a CA the registry trusts, and a leaf it issued
+    (folder / "leaf.key.pem").write_bytes(chain.leaf_key_pem)
+    (folder / "leaf.pem").write_bytes(chain.leaf_pem)
+    signers = f"ml-team={folder / 'ml-team.pub.pem'},ml-team-ca={chain.root_path}"
+    found = start_live_server(folder, MODELYARD_TRUSTED_SIGNERS=signers)
     try:
         yield found
     finally:
@@ -171,3 +176,29 @@ def test_an_alias_that_requires_a_signature_from_the_command_line(live: LiveServ
     maintainer = ("--token", live.createtoken("dave", "maintainer"))
     denied = run(live, "alias", "guarded", "staging", "--require-signature", *maintainer, expect=1)
     assert denied.stderr == "modelyard alias: changing an alias's signature requirement needs the admin role\n"
+
+
+def test_a_push_signed_with_a_certificate_is_recorded_under_its_authoritys_name(live: LiveServer):
+    token = ("--token", live.createtoken("erin", "maintainer"))
+    model = live.folder / "certified.onnx"
+    model.write_bytes(add_model_bytes(bias=4.0))
+
+    push = run(
+        live,
+        "push",
+        "certified",
+        str(model),
+        "--sign-key",
+        "leaf.key.pem",
+        "--sign-cert",
+        "leaf.pem",
+        "--sign-chain",
+        "ml-team-ca.pem",
+        "--quiet",
+        *token,
+    )
+
+    assert push.stdout.splitlines()[-1] == "  signed   model.sig by leaf.key.pem, verified by the registry"
+    shown = run(live, "verify", "certified", "1", *token).stdout.splitlines()
+    assert shown[0] == "'certified' version 1: signed"
+    assert shown[1].startswith("  uploader  ml-team-ca  key ") and shown[1].endswith("  verified")
