@@ -210,28 +210,39 @@ def alias_set_policy(
     *, model: RegisteredModel, alias_name: str, actor: Actor, changes: dict[str, float | None]
 ) -> Alias:
     """Set or clear (None) an alias's promotion policy; admins only, audited."""
-    if not has_role(actor.user, Role.ADMIN):
-        raise PermissionDenied("changing an alias's policy needs the admin role")
     unknown = set(changes) - set(POLICY_FIELDS)
     if unknown:
         raise TypeError(f"alias_set_policy() got unexpected fields {sorted(unknown)}")
-    model = _locked_model(model)
-    alias = _locked_alias(model, alias_name, create=True)
-    assert alias is not None
+    alias = _admin_locked_alias(model, alias_name, actor, "policy")
     before = alias_policy(alias)
     for name, value in changes.items():
         setattr(alias, name, value)
     alias.save(update_fields=[*changes, "updated_at"])
+    _audit_alias_setting(actor, "alias.policy", alias, before, alias_policy(alias))
+    return alias
+
+
+def _admin_locked_alias(model: RegisteredModel, alias_name: str, actor: Actor, setting: str) -> Alias:
+    """The alias (made if new) under row locks on it and its model, for an admin to change ``setting``."""
+    if not has_role(actor.user, Role.ADMIN):
+        raise PermissionDenied(f"changing an alias's {setting} needs the admin role")
+    locked = _locked_model(model)
+    alias = _locked_alias(locked, alias_name, create=True)
+    assert alias is not None
+    alias.model = locked  # the audit event names it: no query for what is already here
+    return alias
+
+
+def _audit_alias_setting(actor: Actor, action: str, alias: Alias, before: Any, after: Any) -> None:
     audit_record(
         actor=actor,
-        action="alias.policy",
+        action=action,
         target_type="alias",
-        target=f"{model.name}@{alias.name}",
-        model_name=model.name,
+        target=f"{alias.model.name}@{alias.name}",
+        model_name=alias.model.name,
         before=before,
-        after=alias_policy(alias),
+        after=after,
     )
-    return alias
 
 
 def alias_provenance(alias: Alias) -> dict[str, Any]:
@@ -251,11 +262,7 @@ def alias_set_provenance(
 
     Naming trusted signers implies requiring a signature. Each name must be one of MODELYARD_TRUSTED_SIGNERS.
     """
-    if not has_role(actor.user, Role.ADMIN):
-        raise PermissionDenied("changing an alias's signature requirement needs the admin role")
-    model = _locked_model(model)
-    alias = _locked_alias(model, alias_name, create=True)
-    assert alias is not None
+    alias = _admin_locked_alias(model, alias_name, actor, "signature requirement")
     before = alias_provenance(alias)
     if trusted_signers is not None:
         alias.trusted_signers = trusted_signer_names(trusted_signers)
@@ -264,15 +271,7 @@ def alias_set_provenance(
     if require_signature is not None:
         alias.require_signature = require_signature
     alias.save(update_fields=["require_signature", "trusted_signers", "updated_at"])
-    audit_record(
-        actor=actor,
-        action="alias.provenance",
-        target_type="alias",
-        target=f"{model.name}@{alias.name}",
-        model_name=model.name,
-        before=before,
-        after=alias_provenance(alias),
-    )
+    _audit_alias_setting(actor, "alias.provenance", alias, before, alias_provenance(alias))
     return alias
 
 
