@@ -802,29 +802,30 @@ def _runner(handler: Handler) -> Callable[[argparse.Namespace], int]:
     return run
 
 
+def _serverless(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A command that needs no configured server: a usage error exits 2, a failure 1, each reported."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except ConfigError as exc:
+            _report(args, exc)
+            return 2
+        except ModelyardError as exc:
+            _report(args, exc)
+            return 1
+
+    return run
+
+
 def _verify_runner(args: argparse.Namespace) -> int:
     """``verify MODEL VERSION`` asks a server; ``verify PATH --key`` needs none, so no server need be configured."""
     if args.version is not None:
         return _runner(cmd_verify_version)(args)
-    try:
-        return cmd_verify_folder(args)
-    except ConfigError as exc:
-        _report(args, exc)
-        return 2
-    except ModelyardError as exc:
-        _report(args, exc)
-        return 1
+    return _serverless(cmd_verify_folder)(args)
 
 
-def _login_runner(args: argparse.Namespace) -> int:
-    try:
-        return cmd_login(args)
-    except ConfigError as exc:
-        _report(args, exc)
-        return 2
-    except ModelyardError as exc:
-        _report(args, exc)
-        return 1
+_login_runner = _serverless(cmd_login)
 
 
 def _wait_option(parser: argparse.ArgumentParser, what: str) -> None:
