@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING
 
 from django.conf import settings
 
-from modelyard.provenance import REGISTRY_SIGNER, ProvenanceError, bundle_digests_match, configured_trust, verify_bundle
+from modelyard.provenance import (
+    REGISTRY_SIGNER,
+    ProvenanceError,
+    Trust,
+    bundle_digests_match,
+    configured_trust,
+    verify_bundle,
+)
 from storage import ObjectNotFound, StorageError, get_storage
 
 if TYPE_CHECKING:  # the artifact cache imports this module's error, and needs no Django models for it
@@ -51,9 +58,19 @@ def verify_version(spec: VersionSpec, digests: Mapping[str, str]) -> list[str]:
                 raise ProvenanceError(f"signed by {verified.signer}, not by the registry")
             bundle_digests_match(verified.digests, digests)
         except ProvenanceError as exc:
-            raise VerificationFailed(f"the {signature.kind} signature does not match: {exc}") from None
+            hint = _hint(trust) if signature.kind == REGISTRY and "not trusted here" in str(exc) else ""
+            raise VerificationFailed(f"the {signature.kind} signature does not match: {exc}{hint}") from None
         signers.append(verified.signer)
     return signers
+
+
+def _hint(trust: Trust) -> str:
+    """For a registry bundle by a key this host does not know: which keys it knows, and how to give it the right one."""
+    known = ", ".join(key.key_id[:16] for key in trust.keys if key.name == REGISTRY_SIGNER)
+    return (
+        f" (this host trusts the registry key(s) {known}: give every host the registry's key, "
+        "MODELYARD_SIGNING_KEY, or its public key in MODELYARD_VERIFY_KEYS)"
+    )
 
 
 def _read(signature: ServedSignature) -> bytes:

@@ -126,7 +126,8 @@ def test_a_bundle_missing_from_storage_or_signed_by_another_key_is_refused(
     runtime.status.failures.clear()
     assert failure(runtime, v2) == (
         f"VerificationFailed: the registry signature does not match: signed by key {stranger.key_id[:16]}, "
-        "which is not trusted here"
+        f"which is not trusted here (this host trusts the registry key(s) {registry_signer().key_id[:16]}: "
+        "give every host the registry's key, MODELYARD_SIGNING_KEY, or its public key in MODELYARD_VERIFY_KEYS)"
     )
 
 
