@@ -131,7 +131,7 @@ def measure(storage: Path, work: Path, spec: SimpleNamespace, rounds: int) -> di
 
     def checked_load() -> None:
         _, digests = cache.bundle_with_digests(spec.sha256, spec.files)
-        verify_version(spec, digests)  # type: ignore[arg-type]  # the spec's fields, as the loader passes them
+        verify_version(spec, digests)
 
     results: dict[str, Any] = {"bytes": size}
     results["cold_baseline_s"] = median_seconds(lambda: copy_and_hash(storage, spec, plain), rounds, clear)
@@ -144,7 +144,7 @@ def measure(storage: Path, work: Path, spec: SimpleNamespace, rounds: int) -> di
     results["warm_verified_s"] = median_seconds(checked_load, rounds)
     started = time.perf_counter()
     for _ in range(20):
-        verify_version(spec, {item.name: item.sha256 for item in spec.files})  # type: ignore[arg-type]
+        verify_version(spec, {item.name: item.sha256 for item in spec.files})
     results["signature_only_ms"] = (time.perf_counter() - started) / 20 * 1000
     for phase in ("cold", "warm"):
         results[f"{phase}_ratio"] = results[f"{phase}_verified_s"] / results[f"{phase}_baseline_s"]

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from django.db import DatabaseError, connection
 
 from inference.cache import ArtifactCache
+from inference.verify import VerificationFailed, verify_version
 from onnxkit.sandbox import ChildOutcome
 from registry import serving
 
@@ -70,8 +71,11 @@ class BenchmarkRunner:
     def _run(self, job: serving.BenchmarkJob) -> None:
         before = self._served()
         try:
-            folder = self._cache.bundle(job.sha256, job.files)
-        except Exception as exc:  # noqa: BLE001 - a storage outage or a corrupt artifact is this job's error
+            folder, digests = self._cache.bundle_with_digests(job.sha256, job.files)
+            verify_version(job, digests)  # the bytes measured are the bytes signed, as before every load
+        except VerificationFailed as exc:
+            outcome = ChildOutcome(error=f"the benchmark refused the version's files: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a storage outage is this job's error
             outcome = ChildOutcome(error=f"the benchmark could not fetch the version's files: {exc}")
         else:
             outcome = serving.benchmark_measure(

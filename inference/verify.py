@@ -10,7 +10,7 @@ verify against ``MODELYARD_TRUSTED_SIGNERS`` too.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from django.conf import settings
 
@@ -25,7 +25,7 @@ from modelyard.provenance import (
 from storage import ObjectNotFound, StorageError, get_storage
 
 if TYPE_CHECKING:  # the artifact cache imports this module's error, and needs no Django models for it
-    from registry.serving import ServedSignature, VersionSpec
+    from registry.serving import ServedSignature
 
 # A bundle is a few kilobytes; more than this is not one.
 MAX_BUNDLE_BYTES = 1024 * 1024
@@ -36,7 +36,18 @@ class VerificationFailed(Exception):
     """The bytes read for a version are not what its signatures sign, or it has no signature this host trusts."""
 
 
-def verify_version(spec: VersionSpec, digests: Mapping[str, str]) -> list[str]:
+class Signed(Protocol):
+    """What is checked: a version to load (``VersionSpec``) or to benchmark (``BenchmarkJob``)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def signatures(self) -> tuple[ServedSignature, ...]: ...
+
+
+def verify_version(spec: Signed, digests: Mapping[str, str]) -> list[str]:
     """Check every bundle of ``spec`` against ``digests`` (file name → sha256 as read); the signers, or raise."""
     if not any(s.kind == REGISTRY for s in spec.signatures):
         raise VerificationFailed(

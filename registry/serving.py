@@ -50,9 +50,9 @@ from registry.models import (
     ModelVersion,
     Role,
     ServingStrategy,
-    SignatureKind,
     VersionStatus,
 )
+from registry.provenance.services import ServedSignature, served_signatures
 
 __all__ = [
     "PRODUCTION",
@@ -123,15 +123,6 @@ class ServedFile:
     storage_key: str
     sha256: str
     size_bytes: int
-
-
-@dataclass(frozen=True)
-class ServedSignature:
-    """A signed bundle of a served version: the loader reads it from storage and checks the bytes it loads with it."""
-
-    kind: str  # "registry" or "uploader" (registry.models.SignatureKind)
-    signer: str
-    storage_key: str
 
 
 @dataclass(frozen=True)
@@ -208,11 +199,7 @@ def desired_state() -> DesiredState:
             instances=alias.model.instances,
             batching=batching.merges,
             batching_reason=batching.reason,
-            signatures=tuple(
-                ServedSignature(s.kind, s.signer, s.storage_key)
-                for s in version.signatures.all()
-                if s.kind in (SignatureKind.REGISTRY, SignatureKind.UPLOADER)
-            ),
+            signatures=served_signatures(version),
         )
         routes.setdefault(alias.model.name, {})[alias.name] = version.pk
     return DesiredState(versions=versions, routes=routes)

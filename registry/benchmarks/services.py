@@ -25,6 +25,7 @@ from onnxkit.sandbox import CUDA_ENV, ChildLimits, ChildOutcome, run_in_child
 from registry.audit.chain import Actor, audit_version
 from registry.errors import Conflict
 from registry.models import JobStatus, ModelVersion, VersionBenchmark, VersionStatus
+from registry.provenance.services import ServedSignature, served_signatures
 
 CPU = "CPUExecutionProvider"
 TIMEOUT_SETTING = "MODELYARD_BENCHMARK_TIMEOUT_SECONDS"
@@ -99,6 +100,8 @@ class BenchmarkJob:
     model_file: str
     max_batch_size: int
     provider: str
+    # The bundles the inference process checks the files against before it measures them, as before a load.
+    signatures: tuple[ServedSignature, ...] = ()
 
 
 def benchmark_claim(*, provider: str, host_kind: str, worker_id: str) -> BenchmarkJob | None:
@@ -123,6 +126,7 @@ def benchmark_claim(*, provider: str, host_kind: str, worker_id: str) -> Benchma
             # 0: served without merging requests, so throughput at a batch size means nothing for it
             max_batch_size=version.model.max_batch_size if version.batching_decision().merges else 0,
             provider=provider,
+            signatures=served_signatures(version),
         )
     return None
 

@@ -56,6 +56,24 @@ class SignedBundle:
     document: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class ServedSignature:
+    """A signed bundle of a version an inference process loads: it checks the bytes it read with it, from storage."""
+
+    kind: str  # "registry" or "uploader"
+    signer: str
+    storage_key: str
+
+
+def served_signatures(version: ModelVersion) -> tuple[ServedSignature, ...]:
+    """The bundles every load of ``version`` checks (its registry and uploader signatures; prefetch-friendly)."""
+    return tuple(
+        ServedSignature(s.kind, s.signer, s.storage_key)
+        for s in version.signatures.all()
+        if s.kind in (SignatureKind.REGISTRY, SignatureKind.UPLOADER)
+    )
+
+
 # --- Keys and trust ----------------------------------------------------------------------------------
 
 

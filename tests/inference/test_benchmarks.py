@@ -16,10 +16,11 @@ import pytest
 from inference.benchmarks import BenchmarkRunner
 from inference.cache import ArtifactCache
 from registry import serving
-from registry.models import AuditEvent, JobStatus, ModelVersion, VersionBenchmark, VersionStatus
+from registry.models import AuditEvent, JobStatus, ModelVersion, VersionBenchmark, VersionSignature, VersionStatus
 from tests.support.onnx_models import classifier_model
 from tests.support.people import Person
 from tests.support.polling import eventually
+from tests.support.registry import artifact_path
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -135,6 +136,26 @@ def test_a_benchmark_past_its_time_limit_fails_naming_the_setting(
     row = VersionBenchmark.objects.get(version=version)
     assert row.status == JobStatus.FAILED and row.numbers == {}
     assert row.error.startswith("the benchmark stopped after 0.2 s (MODELYARD_BENCHMARK_TIMEOUT_SECONDS) while ")
+
+
+def test_a_benchmark_measures_only_bytes_that_verify(owner: Person, registered: str, tmp_path: Path) -> None:
+    changed, unsigned = ready_version(owner, registered), ready_version(owner, registered)
+    stored = artifact_path(changed)
+    stored.write_bytes(stored.read_bytes() + b"\0")  # changed in the bucket after validation
+    VersionSignature.objects.filter(version=unsigned).delete()
+
+    bench = runner(tmp_path)
+    assert bench.run_next() is True and bench.run_next() is True
+
+    rows = {row.version_id: row for row in VersionBenchmark.objects.all()}
+    assert rows[changed.pk].status == JobStatus.FAILED and rows[changed.pk].numbers == {}
+    assert rows[changed.pk].error.startswith(
+        "the benchmark refused the version's files: sha256 mismatch for model.onnx: storage holds "
+    )
+    assert rows[unsigned.pk].error == (
+        f"the benchmark refused the version's files: {registered} v2 is not signed by the registry "
+        "(validated before signing existed: `modelyard sign-versions` signs it)"
+    )
 
 
 def test_a_process_that_served_traffic_meanwhile_notes_it(
