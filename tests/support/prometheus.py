@@ -168,9 +168,13 @@ class PrometheusServer:
         try:
             conn.request("GET", path)
             response = conn.getresponse()
-            body = json.loads(response.read())
+            raw = response.read()
         finally:
             conn.close()
+        try:
+            body = json.loads(raw)
+        except ValueError:  # "Service Unavailable" in plain text while Prometheus starts: not ready yet
+            raise ConnectionError(f"prometheus answered {response.status}: {raw[:200]!r}") from None
         assert body["status"] == "success", body
         return body["data"]
 
