@@ -785,16 +785,14 @@ def _report(args: argparse.Namespace, exc: ModelyardError) -> None:
 
 
 def _runner(handler: Handler) -> Callable[[argparse.Namespace], int]:
+    def with_client(args: argparse.Namespace) -> int:
+        return handler(args, Client(url=args.url, token=args.token, profile=args.profile))
+
+    reported = _reporting(with_client)
+
     def run(args: argparse.Namespace) -> int:
         try:
-            client = Client(url=args.url, token=args.token, profile=args.profile)
-            return handler(args, client)
-        except ConfigError as exc:
-            _report(args, exc)
-            return 2
-        except ModelyardError as exc:
-            _report(args, exc)
-            return 1
+            return reported(args)
         except OSError as exc:  # a local file: the model to push, the folder to pull into
             print(f"modelyard {args.command}: {exc}", file=sys.stderr)
             return 1
@@ -802,8 +800,8 @@ def _runner(handler: Handler) -> Callable[[argparse.Namespace], int]:
     return run
 
 
-def _serverless(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """A command that needs no configured server: a usage error exits 2, a failure 1, each reported."""
+def _reporting(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Run a command with its errors reported: a usage error exits 2, a failure 1 (no server needed for that)."""
 
     def run(args: argparse.Namespace) -> int:
         try:
@@ -822,10 +820,10 @@ def _verify_runner(args: argparse.Namespace) -> int:
     """``verify MODEL VERSION`` asks a server; ``verify PATH --key`` needs none, so no server need be configured."""
     if args.version is not None:
         return _runner(cmd_verify_version)(args)
-    return _serverless(cmd_verify_folder)(args)
+    return _reporting(cmd_verify_folder)(args)
 
 
-_login_runner = _serverless(cmd_login)
+_login_runner = _reporting(cmd_login)
 
 
 def _wait_option(parser: argparse.ArgumentParser, what: str) -> None:
