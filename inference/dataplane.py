@@ -18,6 +18,7 @@ repository's index.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from importlib.metadata import PackageNotFoundError, version
@@ -143,6 +144,7 @@ class DataPlane:
         self.runtime = runtime
         self.tokens = tokens if tokens is not None else TokenCache()
         self._throttle: Throttle | None = None
+        runtime.shadows.attach(self._shadow_run)
 
     # --- refusals before a request body is read ----------------------------------------------------
 
@@ -398,19 +400,43 @@ class DataPlane:
                     values = await self._run(loaded, request, client_gone)
                 except ClientGone:
                     raise
-                except InferenceError:
+                except InferenceError as exc:
                     loaded.stats.request_failed(started)
+                    self._mirror(model, ref, loaded, request, None, started, f"{type(exc).__name__}: {exc}")
                     raise
                 finally:
                     client_gone = None  # consumed by _run
                     loaded.release()
                 loaded.stats.request_done(started)
+                self._mirror(model, ref, loaded, request, values, started)
                 for name, count in request.classification.items():
                     values[name] = classify(values[name], count, loaded.labels, batched=loaded.batching)
                 return InferResult(spec.model, loaded.version_label, values)
             raise ModelNotReady(RELOADING)
         finally:
             _discard(client_gone)
+
+    def _mirror(
+        self,
+        model: str,
+        ref: str | None,
+        loaded: LoadedVersion,
+        request: InferRequest,
+        values: dict[str, np.ndarray] | None,
+        started_ns: int,
+        error: str = "",
+    ) -> None:
+        """Offer the request to the alias's shadow, if it has one (``inference/shadow.py``); costs a lookup if not."""
+        shadow = self.runtime.router.shadow(model, ref)
+        if shadow is None or shadow.candidate is loaded:
+            return
+        seconds = (time.monotonic_ns() - started_ns) / 1e9
+        self.runtime.shadows.offer(shadow, loaded, request, None if values is None else dict(values), seconds, error)
+
+    async def _shadow_run(self, loaded: LoadedVersion, request: InferRequest, priority: int) -> dict[str, np.ndarray]:
+        """Run a mirrored request on the shadow's candidate: the same path, behind the candidate's own requests."""
+        mirrored = dataclasses.replace(request, priority=priority, timeout_us=None)
+        return await self._run(loaded, mirrored, None)
 
     async def _run(
         self,

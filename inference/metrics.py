@@ -176,6 +176,30 @@ def load_failures(failing: Mapping[tuple[str, int], int]) -> None:
     _failing.update(current)
 
 
+# --- Shadow traffic (inference/shadow.py) -------------------------------------------------------------
+
+SHADOW_MIRRORED = Counter(
+    "modelyard_shadow_requests",
+    "Requests mirrored to a shadow candidate, by model, alias and outcome (compared, candidate_error, primary_error)",
+    ["model", "alias", "outcome"],
+    registry=exposition.REGISTRY,
+)
+SHADOW_DROPPED = Counter(
+    "modelyard_shadow_dropped",
+    "Sampled requests not mirrored to the shadow, by model, alias and reason (queue_full, busy, unloaded)",
+    ["model", "alias", "reason"],
+    registry=exposition.REGISTRY,
+)
+
+
+def shadow_mirrored(model: str, alias: str, outcome: str) -> None:
+    SHADOW_MIRRORED.labels(model, alias, outcome).inc()
+
+
+def shadow_dropped(model: str, alias: str, reason: str) -> None:
+    SHADOW_DROPPED.labels(model, alias, reason).inc()
+
+
 # --- GPU telemetry -----------------------------------------------------------------------------------
 
 GPU_LABELS = ["gpu", "name"]

@@ -29,6 +29,7 @@ from inference.cache import ArtifactCache
 from inference.loaded import LoadedVersion
 from inference.loader import load_version
 from inference.sessions import device_description, host_notice
+from inference.shadow import ShadowRoute, ShadowRunner
 from inference.verify import VerificationFailed
 from registry import serving
 from registry.serving import PRODUCTION, DesiredState, LoadedRow, LoadState, VersionSpec
@@ -39,10 +40,25 @@ logger = logging.getLogger(__name__)
 
 
 class Router:
-    """An immutable routing snapshot; the runtime replaces it whole, so readers never see a half-update."""
+    """An immutable routing snapshot; the runtime replaces it whole, so readers never see a half-update.
 
-    def __init__(self, table: dict[str, dict[str, LoadedVersion]] | None = None) -> None:
+    ``shadows`` names, per (model, alias), the loaded candidate that mirrors a sample of that alias's
+    requests (``inference/shadow.py``); a shadow whose candidate is not loaded yet is not in it.
+    """
+
+    def __init__(
+        self,
+        table: dict[str, dict[str, LoadedVersion]] | None = None,
+        shadows: dict[tuple[str, str], ShadowRoute] | None = None,
+    ) -> None:
         self.table = table or {}
+        self.shadows = shadows or {}
+
+    def shadow(self, model: str, ref: str | None = None) -> ShadowRoute | None:
+        """The shadow of the alias ``ref`` names (the production alias for None); none for a version number."""
+        if not self.shadows:
+            return None
+        return self.shadows.get((model, ref or PRODUCTION))
 
     def resolve(self, model: str, ref: str | None = None) -> LoadedVersion | None:
         """``ref`` is None (the production alias), an alias name, or a version number."""
@@ -72,6 +88,7 @@ class InferenceRuntime:
     def __init__(self, *, worker_id: str | None = None) -> None:
         self.worker_id = worker_id or settings.WORKER_ID or f"{socket.gethostname()}-{os.getpid()}"
         self.router = Router()
+        self.shadows = ShadowRunner()
         self.loaded: dict[int, LoadedVersion] = {}
         self.status = RuntimeStatus()
         self.cache = ArtifactCache(Path(settings.CACHE_DIR), settings.CACHE_MAX_BYTES)
@@ -115,6 +132,7 @@ class InferenceRuntime:
             loaded.drain_and_close(timeout=1)
         self.loaded.clear()
         self.router = Router()
+        self.shadows.close()
 
     @property
     def ready(self) -> bool:
@@ -293,8 +311,14 @@ class InferenceRuntime:
         for version_id in leftovers:
             stale = self.loaded[version_id]
             table.get(stale.spec.model, {}).pop(str(stale.spec.version), None)
+        shadows = {
+            (model, alias): ShadowRoute(spec, model, alias, self.loaded[spec.version_id])
+            for model, by_alias in desired.shadows.items()
+            for alias, spec in by_alias.items()
+            if spec.version_id in self.loaded and alias in table.get(model, {})
+        }
         metrics.count_swaps(old, table)
-        self.router = Router(table)  # the atomic switch
+        self.router = Router(table, shadows)  # the atomic switch
         for version_id in leftovers:
             self._release(self.loaded.pop(version_id))
         # Never evict what serves, nor a bundle that a load in the background is still reading.
@@ -324,7 +348,10 @@ class InferenceRuntime:
             m: {name: v for name, v in routes.items() if v.spec.version_id not in doomed}
             for m, routes in self.router.table.items()
         }
-        self.router = Router(table)
+        shadows = {
+            key: route for key, route in self.router.shadows.items() if route.candidate.spec.version_id not in doomed
+        }
+        self.router = Router(table, shadows)
         for version_id in doomed:
             self._release(self.loaded.pop(version_id))
 
@@ -394,6 +421,9 @@ class InferenceRuntime:
         if due or snapshot != self._last_snapshot:
             self.heartbeat(snapshot)
 
+    def _running_shadows(self) -> set[int]:
+        return {spec.shadow_id for by_alias in self._desired.shadows.values() for spec in by_alias.values()}
+
     def heartbeat(self, snapshot: tuple[LoadedRow, ...] | None = None) -> None:
         snapshot = self.snapshot() if snapshot is None else snapshot
         report = serving.WorkerReport(
@@ -406,6 +436,7 @@ class InferenceRuntime:
             loaded=snapshot,
             errors=(self.status.db_error,) if self.status.db_error else (),
             notice=self.notice,
+            shadows=self.shadows.report(self._running_shadows()),
             devices=tuple(
                 serving.DeviceRow(d.index, d.name, d.memory_used_bytes, d.memory_total_bytes)
                 for d in telemetry.read_devices()

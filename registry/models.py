@@ -477,6 +477,9 @@ class PromotionRequest(models.Model):
     )
     decided_at = models.DateTimeField(null=True, blank=True)
     decision_reason = models.TextField(blank=True, default="")
+    # The shadow report of the requested version on this alias as it stood when the request was made
+    # (``registry/shadow/services.py``); null when the version was not shadowed there.
+    shadow_report = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["-requested_at", "-id"]
@@ -491,6 +494,58 @@ class PromotionRequest(models.Model):
     def __str__(self) -> str:
         change = f"-> v{self.version.version}" if self.version is not None else "unprotect"
         return f"promotion #{self.pk} {self.alias} {change} ({self.state})"
+
+
+class AliasShadow(models.Model):
+    """A candidate version answering a sample of an alias's live requests on the side, its answers compared.
+
+    The inference processes serving the alias run the sampled requests on the candidate after the
+    primary has answered, and report how the two agreed (``ShadowTally``); the client only ever sees
+    the primary's answer. At most one shadow per alias runs at a time; an ended one keeps its report.
+    """
+
+    alias = models.ForeignKey(Alias, on_delete=models.CASCADE, related_name="shadows")
+    version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="+")
+    sample = models.FloatField()  # the share of the alias's requests mirrored, 0 < sample <= 1
+    started_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    started_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    ended_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    end_reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["alias"], condition=models.Q(ended_at__isnull=True), name="one_running_shadow_per_alias"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(sample__gt=0) & models.Q(sample__lte=1), name="shadow_sample_in_range"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"shadow #{self.pk} {self.alias} <- v{self.version.version}"
+
+
+class ShadowTally(models.Model):
+    """What one inference process counted for one shadow so far (``onnxkit/agreement.py``), from its heartbeat.
+
+    Kept after the process leaves, so that a restart loses no comparisons; the report merges every row.
+    """
+
+    shadow = models.ForeignKey(AliasShadow, on_delete=models.CASCADE, related_name="tallies")
+    worker_id = models.CharField(max_length=128)
+    tally = models.JSONField(default=dict)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["shadow", "worker_id"], name="one_tally_per_shadow_worker")]
+
+    def __str__(self) -> str:
+        return f"{self.shadow_id}@{self.worker_id}"
 
 
 class AliasMoveKind(models.TextChoices):

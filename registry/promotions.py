@@ -38,6 +38,7 @@ from registry.models import (
     WebhookEvent,
 )
 from registry.provenance.services import check_alias_signature, trusted_signer_names
+from registry.shadow.services import shadow_end_promoted, shadow_report_for
 from registry.webhooks import services as webhooks
 
 
@@ -113,6 +114,7 @@ def _move(
     from_version = alias.version.version if alias.version else None
     alias.version = to
     alias.save(update_fields=["version", "updated_at"])
+    shadow_end_promoted(alias, to, actor)
     audit_record(
         actor=actor,
         action="alias.rollback" if kind == AliasMoveKind.ROLLBACK else "alias.set",
@@ -306,6 +308,7 @@ def alias_set(
             force=forced,
             requested_by=actor.user,
             expires_at=timezone.now() + timedelta(seconds=settings.PROMOTION_TTL_SECONDS),
+            shadow_report=shadow_report_for(alias, version),
         )
         audit_record(
             actor=actor,

@@ -44,12 +44,15 @@ from registry.benchmarks.services import SHARED_NOTE, BenchmarkJob, benchmark_cl
 from registry.models import (
     PRODUCTION,
     Alias,
+    AliasShadow,
     AuditEvent,
     FileRole,
     InferenceWorker,
     ModelVersion,
+    RegisteredModel,
     Role,
     ServingStrategy,
+    ShadowTally,
     VersionStatus,
 )
 from registry.provenance.services import ServedSignature, served_signatures
@@ -69,6 +72,8 @@ __all__ = [
     "LoadedRow",
     "ServedFile",
     "ServingStrategy",
+    "ShadowSpec",
+    "ShadowTallyRow",
     "TrafficBucket",
     "VersionSpec",
     "WorkerReport",
@@ -162,16 +167,49 @@ class VersionSpec:
 
 
 @dataclass(frozen=True)
+class ShadowSpec:
+    """A candidate mirroring a sample of one served alias's requests (``registry/shadow/services.py``)."""
+
+    shadow_id: int
+    version_id: int
+    sample: float  # the share of the alias's requests mirrored
+
+
+@dataclass(frozen=True)
 class DesiredState:
-    """Every version a served alias points to, and the routes to them."""
+    """Every version a served alias points to or shadows, and the routes to them."""
 
     versions: Mapping[int, VersionSpec]
     # model name -> alias name -> version id
     routes: Mapping[str, Mapping[str, int]]
+    # model name -> alias name -> the running shadow of that alias; its version is in ``versions``
+    shadows: Mapping[str, Mapping[str, ShadowSpec]] = field(default_factory=dict)
+
+
+def _version_spec(model: RegisteredModel, version: ModelVersion) -> VersionSpec:
+    files = version.files.all()
+    batching = version.batching_decision(model)
+    return VersionSpec(
+        version_id=version.pk,
+        model=model.name,
+        version=version.version,
+        sha256=version.sha256,
+        files=tuple(ServedFile(f.name, f.storage_key, f.sha256, f.size_bytes) for f in files),
+        model_file=next(f.name for f in files if f.role == FileRole.MODEL),
+        signature=version.signature,
+        strategy=model.serving_strategy,
+        max_batch_size=model.max_batch_size,
+        max_queue_delay_us=model.max_queue_delay_us,
+        max_queue_size=model.max_queue_size,
+        instances=model.instances,
+        batching=batching.merges,
+        batching_reason=batching.reason,
+        signatures=served_signatures(version),
+    )
 
 
 def desired_state() -> DesiredState:
-    """Read every version a served alias points to (one query, plus one for the files)."""
+    """Read every version a served alias points to or shadows (a query each, plus the files and signatures)."""
     aliases = (
         Alias.objects.filter(served=True, version__isnull=False, version__status=VersionStatus.READY)
         .select_related("model", "version")
@@ -182,27 +220,27 @@ def desired_state() -> DesiredState:
     for alias in aliases:
         version = alias.version
         assert version is not None
-        files = version.files.all()
-        batching = version.batching_decision(alias.model)
-        versions[version.pk] = VersionSpec(
-            version_id=version.pk,
-            model=alias.model.name,
-            version=version.version,
-            sha256=version.sha256,
-            files=tuple(ServedFile(f.name, f.storage_key, f.sha256, f.size_bytes) for f in files),
-            model_file=next(f.name for f in files if f.role == FileRole.MODEL),
-            signature=version.signature,
-            strategy=alias.model.serving_strategy,
-            max_batch_size=alias.model.max_batch_size,
-            max_queue_delay_us=alias.model.max_queue_delay_us,
-            max_queue_size=alias.model.max_queue_size,
-            instances=alias.model.instances,
-            batching=batching.merges,
-            batching_reason=batching.reason,
-            signatures=served_signatures(version),
-        )
+        versions[version.pk] = _version_spec(alias.model, version)
         routes.setdefault(alias.model.name, {})[alias.name] = version.pk
-    return DesiredState(versions=versions, routes=routes)
+    shadows: dict[str, dict[str, ShadowSpec]] = {}
+    running = (
+        AliasShadow.objects.filter(
+            ended_at__isnull=True,
+            alias__served=True,
+            alias__version__status=VersionStatus.READY,
+            version__status=VersionStatus.READY,
+        )
+        .select_related("alias__model", "version")
+        .prefetch_related("version__files", "version__signatures")
+    )
+    for shadow in running:
+        model = shadow.alias.model
+        if shadow.version_id == shadow.alias.version_id:
+            continue  # the alias serves the candidate itself now: nothing to compare
+        if shadow.version_id not in versions:
+            versions[shadow.version_id] = _version_spec(model, shadow.version)
+        shadows.setdefault(model.name, {})[shadow.alias.name] = ShadowSpec(shadow.pk, shadow.version_id, shadow.sample)
+    return DesiredState(versions=versions, routes=routes, shadows=shadows)
 
 
 # --- The worker report -----------------------------------------------------------------------------
@@ -338,6 +376,14 @@ class DeviceRow:
 
 
 @dataclass(frozen=True)
+class ShadowTallyRow:
+    """What one process counted for one shadow since it began mirroring it (``onnxkit.agreement.Tally``)."""
+
+    shadow_id: int
+    tally: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class WorkerReport:
     """What one inference process reports with each heartbeat."""
 
@@ -351,10 +397,14 @@ class WorkerReport:
     errors: tuple[str, ...] = ()
     devices: tuple[DeviceRow, ...] = ()  # GPUs read through NVML; none without one
     notice: str = ""  # why every session falls back from the GPU asked for (each loaded row's note repeats it)
+    shadows: tuple[ShadowTallyRow, ...] = ()
 
 
 def worker_heartbeat(report: WorkerReport) -> None:
-    """Write the report as the worker's fleet row, stamped now; raises DatabaseError when the database is away."""
+    """Write the report as the worker's fleet row, stamped now; raises DatabaseError when the database is away.
+
+    Its shadow tallies are kept apart, one row per shadow and worker, so they outlive the process.
+    """
     InferenceWorker.objects.update_or_create(
         worker_id=report.worker_id,
         defaults={
@@ -369,6 +419,23 @@ def worker_heartbeat(report: WorkerReport) -> None:
             "started_at": report.started_at,
             "heartbeat_at": timezone.now(),
         },
+    )
+    if report.shadows:
+        _shadow_tallies_write(report.worker_id, report.shadows)
+
+
+def _shadow_tallies_write(worker_id: str, rows: tuple[ShadowTallyRow, ...]) -> None:
+    """Upsert the worker's tallies of the shadows that still exist (ended ones included: their last counts)."""
+    known = set(AliasShadow.objects.filter(pk__in=[row.shadow_id for row in rows]).values_list("pk", flat=True))
+    ShadowTally.objects.bulk_create(
+        [
+            ShadowTally(shadow_id=row.shadow_id, worker_id=worker_id, tally=dict(row.tally))
+            for row in rows
+            if row.shadow_id in known
+        ],
+        update_conflicts=True,
+        unique_fields=["shadow", "worker_id"],
+        update_fields=["tally", "updated_at"],
     )
 
 

@@ -1,6 +1,15 @@
 from django.urls import include, path
 
-from registry.api import alias_views, derive_views, fleet_views, provenance_views, token_views, views, webhook_views
+from registry.api import (
+    alias_views,
+    derive_views,
+    fleet_views,
+    provenance_views,
+    shadow_views,
+    token_views,
+    views,
+    webhook_views,
+)
 
 urlpatterns = [
     path("models", views.ModelListCreate.as_view(), name="model-list"),
@@ -26,6 +35,7 @@ urlpatterns = [
     path("models/<str:name>/aliases/<str:alias>", alias_views.AliasDetail.as_view(), name="alias-detail"),
     path("models/<str:name>/aliases/<str:alias>/rollback", alias_views.AliasRollback.as_view(), name="alias-rollback"),
     path("models/<str:name>/aliases/<str:alias>/history", alias_views.AliasHistory.as_view(), name="alias-history"),
+    path("models/<str:name>/aliases/<str:alias>/shadow", shadow_views.AliasShadow.as_view(), name="alias-shadow"),
     path("fleet", fleet_views.FleetList.as_view(), name="fleet"),
     path("signing-keys", provenance_views.SigningKeys.as_view(), name="signing-keys"),
     path("promotions", alias_views.PromotionList.as_view(), name="promotion-list"),

@@ -31,6 +31,10 @@ class Person:
         kwargs.setdefault("content_type", "application/json")
         return self.client.patch(path, data, HTTP_AUTHORIZATION=f"Bearer {self.token}", **kwargs)
 
+    def put(self, path: str, data: Any = None, **kwargs: Any) -> Any:
+        kwargs.setdefault("content_type", "application/json")
+        return self.client.put(path, data, HTTP_AUTHORIZATION=f"Bearer {self.token}", **kwargs)
+
     def delete(self, path: str, **kwargs: Any) -> Any:
         return self.client.delete(path, HTTP_AUTHORIZATION=f"Bearer {self.token}", **kwargs)
 
