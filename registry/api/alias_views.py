@@ -55,6 +55,8 @@ class PromotionSerializer(serializers.ModelSerializer[PromotionRequest]):
     decided_by = serializers.CharField(source="decided_by.username", default=None)
     # "v7 against v5 (production): 1.9x throughput at batch 32 on ..., p99 -41%, cosine 0.9996, ..."
     comparison = serializers.SerializerMethodField()
+    # The candidate's shadow report on this alias as it stood when the request was made (null if never shadowed)
+    shadow_report = serializers.JSONField(allow_null=True, read_only=True)
 
     class Meta:
         model = PromotionRequest
@@ -75,6 +77,7 @@ class PromotionSerializer(serializers.ModelSerializer[PromotionRequest]):
             "decided_at",
             "decision_reason",
             "comparison",
+            "shadow_report",
         ]
 
     def get_comparison(self, promotion: PromotionRequest) -> str | None:
