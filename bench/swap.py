@@ -377,6 +377,8 @@ def _run(args: argparse.Namespace, work: Path, servers: list[Server]) -> dict[st
             MODELYARD_WORKER_ID=worker,
             MODELYARD_PROVIDERS="cpu",
             MODELYARD_INFERENCE_PUBLIC="true",
+            # The registry's signing key (made by the web process on its first start): loads verify with it.
+            MODELYARD_SIGNING_KEY=str(work / "web" / "signing-key.pem"),
             MODELYARD_ORT_INTRA_OP_THREADS="1",
             MODELYARD_RECONCILE_POLL_SECONDS=str(args.poll_seconds),
             MODELYARD_FLEET_HEARTBEAT_SECONDS="1",

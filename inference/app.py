@@ -85,6 +85,14 @@ def client_address(request: Request) -> str:
     return serving.caller_address(client[0] if client else "", request.headers.get("x-forwarded-for", ""))
 
 
+ROUTING_KEY_HEADER = "modelyard-routing-key"
+
+
+def routing_key(request: Request) -> str:
+    """The ``Modelyard-Routing-Key`` header: requests with the same key land on the same side of a rollout."""
+    return request.headers.get(ROUTING_KEY_HEADER, "")
+
+
 async def read_body(request: Request, limit: BodyLimit) -> bytearray:
     """The request body, decompressed, never past ``limit``, and ended when the client stalls."""
     length = request.headers.get("content-length")
@@ -153,7 +161,9 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
         params = request.path_params
         model, ref = params["model"], params.get("version")
         try:  # everything that can refuse the request does so before its body is read
-            admitted = await plane.admit(model, ref, request, token=bearer, address=client_address)
+            admitted = await plane.admit(
+                model, ref, request, token=bearer, address=client_address, routing_key=routing_key
+            )
         except InferenceError as exc:
             return error_response(exc, close=True)  # counted by the admission
         try:
@@ -173,7 +183,7 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
         try:
             spec = admitted.loaded.spec
             decoded = decode_request(body, request.headers.get(HEADER_LENGTH), spec.signature, model=spec.model)
-            result = await plane.infer(model, ref, decoded, client_gone=_client_gone(request))
+            result = await plane.infer(model, ref, decoded, client_gone=_client_gone(request), draw=admitted.draw)
         except InferenceError as exc:
             return error_response(exc)
         payload, headers = encode_response(

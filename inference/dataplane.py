@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import random
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from importlib.metadata import PackageNotFoundError, version
@@ -86,12 +88,13 @@ class Admission:
     version's labels and the time since :meth:`DataPlane.admit` began.
     """
 
-    __slots__ = ("body_limit", "loaded", "started")
+    __slots__ = ("body_limit", "draw", "loaded", "started")
 
-    def __init__(self, loaded: LoadedVersion, body_limit: BodyLimit, started: float) -> None:
+    def __init__(self, loaded: LoadedVersion, body_limit: BodyLimit, started: float, draw: float | None = None) -> None:
         self.loaded = loaded
         self.body_limit = body_limit
         self.started = started
+        self.draw = draw  # where the request falls in a rollout's split of its alias (None: no split)
 
     def answered(self, status: int) -> None:
         """Count the request as answered with the HTTP ``status`` (a gRPC call: the status of its outcome over REST)."""
@@ -130,6 +133,18 @@ def _judge(access: InferenceAccess) -> None:
         raise Unauthorised(NEEDS_TOKEN)
     if access is InferenceAccess.NO_ROLE:
         raise Forbidden(NEEDS_ROLE)
+
+
+def routing_draw(key: str) -> float:
+    """Where a request falls in [0, 1) for a rollout's split: fixed by its routing key, random without one.
+
+    The same key always draws the same number, so a client that sends one stays on one version while
+    the split holds, and stays on the candidate as its share grows.
+    """
+    if not key:
+        return random.random()
+    digest = hashlib.blake2b(key.encode(errors="surrogateescape"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
 
 
 def _discard(awaitable: Coroutine[Any, Any, object] | None) -> None:
@@ -180,6 +195,7 @@ class DataPlane:
         *,
         token: Callable[[Call], str],
         address: Callable[[Call], str],
+        routing_key: Callable[[Call], str] | None = None,
     ) -> Admission:
         """Let an inference request for ``model``/``ref`` in, or refuse it, before anything of its body is read.
 
@@ -204,8 +220,11 @@ class DataPlane:
                 _judge(access)
             if settings.V2_RATE is not None:  # the address costs a parse; only a rate limit needs it
                 self.throttle(token=raw, address=address(call))
-            loaded = self.resolve(model, ref)
-            return Admission(loaded, self.body_limit(loaded), started)
+            draw = None
+            if self.runtime.router.split(model, ref) is not None:  # read the key only where it matters
+                draw = routing_draw(routing_key(call) if routing_key is not None else "")
+            loaded = self.resolve(model, ref, draw)
+            return Admission(loaded, self.body_limit(loaded), started, draw)
         except MemoryError:
             refusal = OutOfMemory(OUT_OF_MEMORY)
             self._refused(model, refusal, started)
@@ -236,13 +255,14 @@ class DataPlane:
                 retry_after=int(seconds),
             )
 
-    def resolve(self, model: str, ref: str | None = None) -> LoadedVersion:
+    def resolve(self, model: str, ref: str | None = None, draw: float | None = None) -> LoadedVersion:
         """The loaded version that ``model`` (its production alias) or ``model``/``ref`` routes to now.
 
-        ``ref`` is a version number or the name of a served alias. Raises :class:`ModelNotFound`
-        for what this process is not meant to serve, :class:`ModelNotReady` for what it has not loaded.
+        ``ref`` is a version number or the name of a served alias; ``draw`` places an inference request
+        in a rollout's split (:func:`routing_draw`). Raises :class:`ModelNotFound` for what this process
+        is not meant to serve, :class:`ModelNotReady` for what it has not loaded.
         """
-        loaded = self.runtime.router.resolve(model, ref)
+        loaded = self.runtime.router.resolve(model, ref, draw)
         if loaded is not None:
             return loaded
         runtime = self.runtime
@@ -376,6 +396,7 @@ class DataPlane:
         request: InferRequest,
         *,
         client_gone: Coroutine[Any, Any, object] | None = None,
+        draw: float | None = None,
     ) -> InferResult:
         """Run one decoded request on the version ``model``/``ref`` routes to now, through its batcher.
 
@@ -387,7 +408,7 @@ class DataPlane:
         """
         try:
             for _attempt in range(ATTEMPTS):
-                loaded = self.resolve(model, ref)
+                loaded = self.resolve(model, ref, draw)
                 spec = loaded.spec
                 if spec.signature is not request.signature and spec.signature != request.signature:
                     raise ModelNotReady(f"model '{spec.model}' changed to version {spec.version} meanwhile; retry")
@@ -402,12 +423,16 @@ class DataPlane:
                     raise
                 except InferenceError as exc:
                     loaded.stats.request_failed(started)
+                    if ref is None or not ref.isdigit():
+                        metrics.alias_answered(model, ref, loaded.version_label)
                     self._mirror(model, ref, loaded, request, None, started, f"{type(exc).__name__}: {exc}")
                     raise
                 finally:
                     client_gone = None  # consumed by _run
                     loaded.release()
                 loaded.stats.request_done(started)
+                if ref is None or not ref.isdigit():
+                    metrics.alias_answered(model, ref, loaded.version_label)
                 self._mirror(model, ref, loaded, request, values, started)
                 for name, count in request.classification.items():
                     values[name] = classify(values[name], count, loaded.labels, batched=loaded.batching)

@@ -176,6 +176,26 @@ def load_failures(failing: Mapping[tuple[str, int], int]) -> None:
     _failing.update(current)
 
 
+# --- Each version's share of an alias's requests (a rollout's split) --------------------------------
+
+ALIAS_REQUESTS = Counter(
+    "modelyard_alias_requests",
+    "Inference requests routed through an alias, by model, alias and the version that answered",
+    ["model", "alias", "version"],
+    registry=exposition.REGISTRY,
+)
+_alias_children: dict[tuple[str, str, str], Any] = {}
+
+
+def alias_answered(model: str, alias: str | None, version: str) -> None:
+    """One request through ``alias`` (None: production) answered (or failed) by ``version``."""
+    key = (model, alias or "production", version)
+    child = _alias_children.get(key)
+    if child is None:
+        child = _alias_children[key] = ALIAS_REQUESTS.labels(*key)
+    child.inc()
+
+
 # --- Shadow traffic (inference/shadow.py) -------------------------------------------------------------
 
 SHADOW_MIRRORED = Counter(

@@ -32,7 +32,7 @@ from inference.sessions import device_description, host_notice
 from inference.shadow import ShadowRoute, ShadowRunner
 from inference.verify import VerificationFailed
 from registry import serving
-from registry.serving import PRODUCTION, DesiredState, LoadedRow, LoadState, VersionSpec
+from registry.serving import PRODUCTION, DesiredState, LoadedRow, LoadState, SplitSpec, VersionSpec
 
 __all__ = ["InferenceRuntime", "Router"]
 
@@ -50,9 +50,17 @@ class Router:
         self,
         table: dict[str, dict[str, LoadedVersion]] | None = None,
         shadows: dict[tuple[str, str], ShadowRoute] | None = None,
+        splits: dict[tuple[str, str], Split] | None = None,
     ) -> None:
         self.table = table or {}
         self.shadows = shadows or {}
+        self.splits = splits or {}
+
+    def split(self, model: str, ref: str | None = None) -> Split | None:
+        """The rollout splitting the alias ``ref`` names (production for None); none for a version number."""
+        if not self.splits:
+            return None
+        return self.splits.get((model, ref or PRODUCTION))
 
     def shadow(self, model: str, ref: str | None = None) -> ShadowRoute | None:
         """The shadow of the alias ``ref`` names (the production alias for None); none for a version number."""
@@ -60,12 +68,29 @@ class Router:
             return None
         return self.shadows.get((model, ref or PRODUCTION))
 
-    def resolve(self, model: str, ref: str | None = None) -> LoadedVersion | None:
-        """``ref`` is None (the production alias), an alias name, or a version number."""
+    def resolve(self, model: str, ref: str | None = None, draw: float | None = None) -> LoadedVersion | None:
+        """``ref`` is None (the production alias), an alias name, or a version number.
+
+        ``draw`` (in [0, 1)) places an inference request in a rollout's split of the alias: below the
+        candidate's share it routes to the candidate. Without one (metadata, readiness) the alias's
+        own version answers.
+        """
         routes = self.table.get(model)
         if routes is None:
             return None
+        if draw is not None and self.splits:
+            split = self.splits.get((model, ref or PRODUCTION))
+            if split is not None and draw * 100 < split.spec.percent:
+                return split.candidate
         return routes.get(ref or PRODUCTION)
+
+
+@dataclass(frozen=True)
+class Split:
+    """A rollout's split as the routing snapshot holds it: the spec and the loaded candidate."""
+
+    spec: SplitSpec
+    candidate: LoadedVersion
 
 
 @dataclass
@@ -317,8 +342,14 @@ class InferenceRuntime:
             for alias, spec in by_alias.items()
             if spec.version_id in self.loaded and alias in table.get(model, {})
         }
+        splits = {
+            (model, alias): Split(spec, self.loaded[spec.version_id])
+            for model, by_alias in desired.splits.items()
+            for alias, spec in by_alias.items()
+            if spec.version_id in self.loaded and alias in table.get(model, {})
+        }
         metrics.count_swaps(old, table)
-        self.router = Router(table, shadows)  # the atomic switch
+        self.router = Router(table, shadows, splits)  # the atomic switch
         for version_id in leftovers:
             self._release(self.loaded.pop(version_id))
         # Never evict what serves, nor a bundle that a load in the background is still reading.
@@ -351,7 +382,10 @@ class InferenceRuntime:
         shadows = {
             key: route for key, route in self.router.shadows.items() if route.candidate.spec.version_id not in doomed
         }
-        self.router = Router(table, shadows)
+        splits = {
+            key: split for key, split in self.router.splits.items() if split.candidate.spec.version_id not in doomed
+        }
+        self.router = Router(table, shadows, splits)
         for version_id in doomed:
             self._release(self.loaded.pop(version_id))
 
@@ -368,10 +402,17 @@ class InferenceRuntime:
         """What this process serves, loads and failed to load, by model and version: its fleet report."""
         with self._lock:
             aliases_of: dict[int, list[str]] = {}
-            for routes in self.router.table.values():
+            router = self.router
+            for routes in router.table.values():
                 for name, loaded in routes.items():
                     if not name.isdigit():
                         aliases_of.setdefault(loaded.spec.version_id, []).append(name)
+            splits_of: dict[int, dict[str, int]] = {}
+            for (_, alias), split in router.splits.items():
+                splits_of.setdefault(split.candidate.spec.version_id, {})[alias] = split.spec.percent
+            shadows_of: dict[int, list[str]] = {}
+            for (_, alias), shadow in router.shadows.items():
+                shadows_of.setdefault(shadow.candidate.spec.version_id, []).append(alias)
             failures = self.status.failures
             rows = [
                 LoadedRow(
@@ -387,6 +428,9 @@ class InferenceRuntime:
                     batching=v.batching,
                     batching_reason=v.spec.batching_reason,
                     traffic=v.traffic.summary(),
+                    totals=v.traffic.totals(),
+                    splits=splits_of.get(vid, {}),
+                    shadows=tuple(sorted(shadows_of.get(vid, []))),
                 )
                 for vid, v in self.loaded.items()
             ]

@@ -26,15 +26,20 @@ from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
-from registry.serving import TRAFFIC_BUCKET_SECONDS, TRAFFIC_BUCKETS, TrafficBucket
+from registry.serving import (
+    TRAFFIC_BUCKET_SECONDS,
+    TRAFFIC_BUCKETS,
+    TRAFFIC_LATENCY_BOUNDS,
+    TRAFFIC_LATENCY_RATIO,
+    TrafficBucket,
+    TrafficTotals,
+)
 
 BUCKET_SECONDS = TRAFFIC_BUCKET_SECONDS
 BUCKETS = TRAFFIC_BUCKETS  # five minutes
-_FIRST_BOUND = 0.0001  # seconds
-_RATIO = 2 ** (1 / 4)
+_RATIO = TRAFFIC_LATENCY_RATIO
 # Upper edges of the latency bins; one more bin past the last catches anything slower.
-_BINS = int(math.log(120 / _FIRST_BOUND, _RATIO)) + 2
-BOUNDS: tuple[float, ...] = tuple(_FIRST_BOUND * _RATIO**i for i in range(_BINS))
+BOUNDS: tuple[float, ...] = TRAFFIC_LATENCY_BOUNDS
 
 
 class _Bucket:
@@ -74,6 +79,8 @@ class Traffic:
         self._clock = clock
         self._lock = threading.Lock()
         self._ring = [_Bucket() for _ in range(BUCKETS)]
+        # Since the version loaded: what a rollout's step is measured from (deltas between two reports).
+        self._total = _Bucket()
 
     def record(self, seconds: float, *, error: bool = False) -> None:
         """File one finished request that took ``seconds``."""
@@ -86,6 +93,10 @@ class Traffic:
             bucket.requests += 1
             bucket.errors += error
             bucket.histogram[position] += 1
+            total = self._total
+            total.requests += 1
+            total.errors += error
+            total.histogram[position] += 1
 
     def watch(self, future: asyncio.Future[Any]) -> None:
         """Record the request behind ``future`` when it finishes: the data plane's one call per request."""
@@ -121,4 +132,14 @@ class Traffic:
                     p99_ms=b.quantile_ms(0.99),
                 )
                 for b in live
+            )
+
+    def totals(self) -> TrafficTotals:
+        """Every request since the version loaded: counts, and the latency histogram's non-empty bins."""
+        with self._lock:
+            total = self._total
+            return TrafficTotals(
+                requests=total.requests,
+                errors=total.errors,
+                latency={str(i): n for i, n in enumerate(total.histogram) if n},
             )

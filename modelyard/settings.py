@@ -265,6 +265,8 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 }
 # How often the periodic task signs the audit chain's head (when it moved); every JSONL export signs it too.
 AUDIT_SIGN_HEAD_SECONDS = env_int("MODELYARD_AUDIT_SIGN_HEAD_SECONDS", 3600, minimum=1)
+# How often running rollouts are checked: a breach rolls back at most this long (plus a heartbeat) after it shows.
+ROLLOUT_CHECK_SECONDS = env_float("MODELYARD_ROLLOUT_CHECK_SECONDS", 5.0, minimum=1.0)
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "sweep-stuck-versions": {"task": "registry.tasks.sweep_stuck_versions", "schedule": 60.0},
     "expire-promotions": {"task": "registry.tasks.expire_promotions", "schedule": 300.0},
@@ -278,6 +280,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "sign-audit-head": {"task": "registry.tasks.sign_audit_head", "schedule": float(AUDIT_SIGN_HEAD_SECONDS)},
     # Versions validated before the batching check existed are served without merging until it has run.
     "recheck-batching": {"task": "registry.tasks.recheck_batching", "schedule": 300.0},
+    # Checks each running rollout's step against its limits, rolls back or moves it on (registry/rollout).
+    "advance-rollouts": {"task": "registry.tasks.advance_rollouts", "schedule": ROLLOUT_CHECK_SECONDS},
 }
 # How many of them one run re-validates (each a sandboxed validation); 0 turns the re-check off.
 BATCH_RECHECK_PER_RUN = env_int("MODELYARD_BATCH_RECHECK_PER_RUN", 2, minimum=0)

@@ -455,6 +455,7 @@ class PromotionState(models.TextChoices):
 class PromotionKind(models.TextChoices):
     MOVE = "move"  # point the alias at ``version``
     UNPROTECT = "unprotect"  # clear the alias's protected flag
+    ROLLOUT = "rollout"  # start a stepped rollout of ``version`` (``AliasRollout``); its last step moves the alias
 
 
 class PromotionRequest(models.Model):
@@ -548,6 +549,75 @@ class ShadowTally(models.Model):
         return f"{self.shadow_id}@{self.worker_id}"
 
 
+class RolloutState(models.TextChoices):
+    """Where a stepped rollout stands. Only ``running`` and ``paused`` split traffic; the rest have ended."""
+
+    PENDING = "pending"  # waiting for a second person's approval (a protected alias)
+    RUNNING = "running"
+    PAUSED = "paused"  # holds its current share; the step's clock stops
+    COMPLETED = "completed"  # passed its last step: the alias moved to the candidate
+    ROLLED_BACK = "rolled_back"  # a step breached a limit: all traffic back to the current version
+    ABORTED = "aborted"  # stopped by a person: all traffic back to the current version
+    REJECTED = "rejected"  # its approval was refused, cancelled or expired
+
+
+ROLLOUT_LIVE = (RolloutState.PENDING, RolloutState.RUNNING, RolloutState.PAUSED)
+
+
+class AliasRollout(models.Model):
+    """A candidate taking a growing share of an alias's requests, step by step, checked against the current version.
+
+    ``registry/rollout/services.py`` starts it (after approval on a protected alias), and its periodic
+    check moves it on: each step's figures come from the fleet's reports, counted since the step began
+    (``baseline``). A breach sends all traffic back to ``base_version``; passing the last step moves
+    the alias to ``version``. At most one rollout per alias is pending, running or paused.
+    """
+
+    alias = models.ForeignKey(Alias, on_delete=models.CASCADE, related_name="rollouts")
+    version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
+    # What the alias served when the rollout was asked for; it must still when a step begins.
+    base_version = models.ForeignKey(ModelVersion, on_delete=models.PROTECT, related_name="+")
+    steps = models.JSONField()  # percentages of the alias's requests, increasing, each 1-100
+    step_seconds = models.PositiveIntegerField()
+    max_error_rate = models.FloatField()
+    max_p99_ratio = models.FloatField()
+    min_requests = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=RolloutState.choices)
+    step = models.PositiveSmallIntegerField(default=0)  # index into ``steps``
+    step_started_at = models.DateTimeField(null=True, blank=True)
+    step_elapsed = models.FloatField(default=0.0)  # seconds of the step run before a pause
+    # Each worker's cumulative figures when the step began: {worker_id: {version: totals}}.
+    baseline = models.JSONField(default=dict)
+    last_check = models.JSONField(default=dict, blank=True)  # the figures the last check saw, for people
+    promotion = models.ForeignKey(
+        "PromotionRequest", null=True, blank=True, on_delete=models.SET_NULL, related_name="rollouts"
+    )
+    started_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    end_reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["alias"],
+                condition=models.Q(state__in=["pending", "running", "paused"]),
+                name="one_live_rollout_per_alias",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"rollout #{self.pk} {self.alias} -> v{self.version.version} ({self.state})"
+
+    @property
+    def percent(self) -> int:
+        """The candidate's share of the alias's requests now (0 once the rollout has ended or before it runs)."""
+        if self.state not in (RolloutState.RUNNING, RolloutState.PAUSED):
+            return 0
+        return int(self.steps[self.step])
+
+
 class AliasMoveKind(models.TextChoices):
     """How an alias came to move."""
 
@@ -629,6 +699,13 @@ class WebhookEvent(models.TextChoices):
     PROMOTION_APPROVED = "promotion.approved"
     PROMOTION_REJECTED = "promotion.rejected"
     ALIAS_MOVED = "alias.moved"
+    ROLLOUT_STARTED = "rollout.started"
+    ROLLOUT_STEP = "rollout.step"
+    ROLLOUT_PAUSED = "rollout.paused"
+    ROLLOUT_RESUMED = "rollout.resumed"
+    ROLLOUT_ROLLED_BACK = "rollout.rolled_back"
+    ROLLOUT_COMPLETED = "rollout.completed"
+    ROLLOUT_ABORTED = "rollout.aborted"
 
 
 class Webhook(models.Model):

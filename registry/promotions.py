@@ -27,6 +27,7 @@ from registry.models import (
     Alias,
     AliasMove,
     AliasMoveKind,
+    AliasRollout,
     AuditEvent,
     ModelVersion,
     PromotionKind,
@@ -34,10 +35,12 @@ from registry.models import (
     PromotionState,
     RegisteredModel,
     Role,
+    RolloutState,
     VersionStatus,
     WebhookEvent,
 )
 from registry.provenance.services import check_alias_signature, trusted_signer_names
+from registry.rollout.state import rollout_begin, rollout_finish
 from registry.shadow.services import shadow_end_promoted, shadow_report_for
 from registry.webhooks import services as webhooks
 
@@ -146,6 +149,32 @@ def _move(
         },
     )
     return move
+
+
+def move_alias(
+    alias: Alias,
+    to: ModelVersion,
+    actor: Actor,
+    kind: AliasMoveKind,
+    reason: str,
+    promotion: PromotionRequest | None = None,
+) -> AliasMove:
+    """Move the alias inside the caller's transaction (a rollout's last step): audited, notified, emitted."""
+    return _move(alias=alias, to=to, actor=actor, kind=kind, reason=reason, promotion=promotion)
+
+
+def promotion_ttl() -> datetime:
+    """When a promotion request made now expires."""
+    return timezone.now() + timedelta(seconds=settings.PROMOTION_TTL_SECONDS)
+
+
+def promotion_withdrawn(promotion: PromotionRequest, actor: Actor, reason: str) -> None:
+    """Cancel a pending request whose change was withdrawn another way (an aborted rollout); caller's transaction."""
+    _decide(promotion, PromotionState.CANCELLED, actor, reason)
+
+
+def emit_promotion(event: WebhookEvent, promotion: PromotionRequest, **details: Any) -> None:
+    _emit_promotion(event, promotion, **details)
 
 
 def _emit_promotion(event: WebhookEvent, promotion: PromotionRequest, **details: Any) -> None:
@@ -574,6 +603,21 @@ def _decide(promotion: PromotionRequest, state: str, actor: Actor, reason: str) 
     event = _DECISION_EVENTS.get(state)
     if event is not None:
         _emit_promotion(event, promotion, decided_by=actor.name, reason=reason)
+    if promotion.kind == PromotionKind.ROLLOUT and state != PromotionState.APPROVED:
+        rollout = _pending_rollout(promotion)
+        if rollout is not None:
+            rollout_finish(
+                rollout, RolloutState.REJECTED, actor, f"its promotion request was {state}", "rollout.reject"
+            )
+
+
+def _pending_rollout(promotion: PromotionRequest) -> AliasRollout | None:
+    return (
+        AliasRollout.objects.select_for_update(of=("self",))
+        .select_related("alias__model", "version", "base_version", "started_by")
+        .filter(promotion=promotion, state=RolloutState.PENDING)
+        .first()
+    )
 
 
 @transaction.atomic(durable=True)
@@ -598,6 +642,14 @@ def promotion_approve(*, promotion_id: int, actor: Actor, reason: str = "") -> P
         raise Conflict(
             f"alias '{alias.name}' moved from version {was} to {now} since the request was made; request again"
         )
+    if promotion.kind == PromotionKind.ROLLOUT:
+        rollout = _pending_rollout(promotion)
+        if rollout is None:
+            raise Conflict(f"the rollout of promotion request {promotion.pk} is no longer pending")
+        check_alias_signature(alias, version)
+        _decide(promotion, PromotionState.APPROVED, actor, reason)
+        rollout_begin(rollout, actor)  # the last step moves the alias, as this approved promotion
+        return promotion
     _decide(promotion, PromotionState.APPROVED, actor, reason)
     approval = AliasMoveKind.APPROVAL
     _move(alias=alias, to=version, actor=actor, kind=approval, reason=promotion.reason, promotion=promotion)

@@ -25,6 +25,7 @@ Everything here that touches the database blocks: the data plane calls it from w
 from __future__ import annotations
 
 import enum
+import math
 import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
@@ -44,6 +45,7 @@ from registry.benchmarks.services import SHARED_NOTE, BenchmarkJob, benchmark_cl
 from registry.models import (
     PRODUCTION,
     Alias,
+    AliasRollout,
     AliasShadow,
     AuditEvent,
     FileRole,
@@ -51,6 +53,7 @@ from registry.models import (
     ModelVersion,
     RegisteredModel,
     Role,
+    RolloutState,
     ServingStrategy,
     ShadowTally,
     VersionStatus,
@@ -74,7 +77,9 @@ __all__ = [
     "ServingStrategy",
     "ShadowSpec",
     "ShadowTallyRow",
+    "SplitSpec",
     "TrafficBucket",
+    "TrafficTotals",
     "VersionSpec",
     "WorkerReport",
     "alias_changes",
@@ -176,6 +181,15 @@ class ShadowSpec:
 
 
 @dataclass(frozen=True)
+class SplitSpec:
+    """A rollout's split of one served alias: ``percent`` of its requests go to the candidate version."""
+
+    rollout_id: int
+    version_id: int
+    percent: int
+
+
+@dataclass(frozen=True)
 class DesiredState:
     """Every version a served alias points to or shadows, and the routes to them."""
 
@@ -184,6 +198,8 @@ class DesiredState:
     routes: Mapping[str, Mapping[str, int]]
     # model name -> alias name -> the running shadow of that alias; its version is in ``versions``
     shadows: Mapping[str, Mapping[str, ShadowSpec]] = field(default_factory=dict)
+    # model name -> alias name -> the rollout splitting that alias's requests; its version is in ``versions``
+    splits: Mapping[str, Mapping[str, SplitSpec]] = field(default_factory=dict)
 
 
 def _version_spec(model: RegisteredModel, version: ModelVersion) -> VersionSpec:
@@ -240,7 +256,27 @@ def desired_state() -> DesiredState:
         if shadow.version_id not in versions:
             versions[shadow.version_id] = _version_spec(model, shadow.version)
         shadows.setdefault(model.name, {})[shadow.alias.name] = ShadowSpec(shadow.pk, shadow.version_id, shadow.sample)
-    return DesiredState(versions=versions, routes=routes, shadows=shadows)
+    splits: dict[str, dict[str, SplitSpec]] = {}
+    rolling = (
+        AliasRollout.objects.filter(
+            state__in=(RolloutState.RUNNING, RolloutState.PAUSED),
+            alias__served=True,
+            alias__version__status=VersionStatus.READY,
+            version__status=VersionStatus.READY,
+        )
+        .select_related("alias__model", "version")
+        .prefetch_related("version__files", "version__signatures")
+    )
+    for rollout in rolling:
+        model = rollout.alias.model
+        if rollout.version_id == rollout.alias.version_id or not rollout.percent:
+            continue
+        if rollout.version_id not in versions:
+            versions[rollout.version_id] = _version_spec(model, rollout.version)
+        splits.setdefault(model.name, {})[rollout.alias.name] = SplitSpec(
+            rollout.pk, rollout.version_id, rollout.percent
+        )
+    return DesiredState(versions=versions, routes=routes, shadows=shadows, splits=splits)
 
 
 # --- The worker report -----------------------------------------------------------------------------
@@ -249,6 +285,64 @@ def desired_state() -> DesiredState:
 # The traffic an inference process reports per loaded version: this many intervals of this many seconds.
 TRAFFIC_BUCKET_SECONDS = 10
 TRAFFIC_BUCKETS = 30
+# Latency bins of those figures: upper edges from 0.1 ms, 2**(1/4) apart, to two minutes; one more bin
+# past the last catches anything slower. A quantile is reported as its bin's upper edge.
+TRAFFIC_LATENCY_RATIO = 2 ** (1 / 4)
+TRAFFIC_LATENCY_BOUNDS: tuple[float, ...] = tuple(
+    0.0001 * TRAFFIC_LATENCY_RATIO**i for i in range(int(math.log(120 / 0.0001, TRAFFIC_LATENCY_RATIO)) + 2)
+)
+
+
+@dataclass(frozen=True)
+class TrafficTotals:
+    """Every request one version answered in one process since it loaded (``inference/traffic.py``).
+
+    Cumulative, so the registry can measure any interval exactly as the difference of two reports (a
+    rollout's step, ``registry/rollout/services.py``). ``latency``: bin index (of
+    ``TRAFFIC_LATENCY_BOUNDS``, as a string) -> requests.
+    """
+
+    requests: int = 0
+    errors: int = 0
+    latency: Mapping[str, int] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"requests": self.requests, "errors": self.errors, "latency": dict(self.latency)}
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any] | None) -> TrafficTotals:
+        row = row or {}
+        return cls(int(row.get("requests", 0)), int(row.get("errors", 0)), dict(row.get("latency") or {}))
+
+    def minus(self, earlier: TrafficTotals) -> TrafficTotals:
+        """What was added since ``earlier``; all of it when the counts went back (the version was loaded again)."""
+        if self.requests < earlier.requests:
+            return self
+        latency = {k: n - earlier.latency.get(k, 0) for k, n in self.latency.items()}
+        return TrafficTotals(
+            self.requests - earlier.requests, self.errors - earlier.errors, {k: n for k, n in latency.items() if n > 0}
+        )
+
+    def plus(self, other: TrafficTotals) -> TrafficTotals:
+        latency = dict(self.latency)
+        for key, n in other.latency.items():
+            latency[key] = latency.get(key, 0) + n
+        return TrafficTotals(self.requests + other.requests, self.errors + other.errors, latency)
+
+    def quantile_ms(self, q: float) -> float | None:
+        """The upper edge of the bin holding the ``q`` quantile, in ms; None without requests."""
+        total = sum(self.latency.values())
+        if not total:
+            return None
+        rank, seen = max(1, math.ceil(q * total)), 0
+        for key in sorted(self.latency, key=int):
+            seen += self.latency[key]
+            if seen >= rank:
+                index = int(key)
+                bounds = TRAFFIC_LATENCY_BOUNDS
+                edge = bounds[index] if index < len(bounds) else bounds[-1] * TRAFFIC_LATENCY_RATIO
+                return float(f"{edge * 1000:.3g}")
+        return None  # pragma: no cover - the ranks add up to the total
 
 
 @dataclass(frozen=True)
@@ -309,6 +403,10 @@ class LoadedRow:
     # The last minutes of requests, for the fleet page; left out of comparisons, so that traffic alone
     # does not make the runtime report before its heartbeat is due.
     traffic: tuple[TrafficBucket, ...] = field(default=(), compare=False)
+    totals: TrafficTotals = field(default_factory=TrafficTotals, compare=False)
+    # The aliases whose share of requests this version answers in a rollout: alias -> percent
+    splits: Mapping[str, int] = field(default_factory=dict)
+    shadows: tuple[str, ...] = ()  # the aliases whose requests it answers on the side, as a shadow
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -326,6 +424,9 @@ class LoadedRow:
             "batching": self.batching,
             "batching_reason": self.batching_reason,
             "traffic": [bucket.as_json() for bucket in self.traffic],
+            "totals": self.totals.as_json(),
+            "splits": dict(self.splits),
+            "shadows": list(self.shadows),
         }
 
     @classmethod
@@ -345,6 +446,9 @@ class LoadedRow:
             batching=row.get("batching"),
             batching_reason=row.get("batching_reason", ""),
             traffic=tuple(TrafficBucket.from_json(bucket) for bucket in row.get("traffic", ())),
+            totals=TrafficTotals.from_json(row.get("totals")),
+            splits=dict(row.get("splits") or {}),
+            shadows=tuple(row.get("shadows", ())),
         )
 
 

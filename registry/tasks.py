@@ -23,6 +23,7 @@ from registry.derive import job as derive_job
 from registry.derive import services as derive
 from registry.models import ModelVersion
 from registry.provenance import services as provenance
+from registry.rollout import services as rollouts
 from registry.validation import job as validation_job
 from registry.validation import services as validation
 from registry.webhooks import services as webhooks
@@ -152,3 +153,9 @@ def sign_audit_head() -> int | None:
 def derive_version(self: Any, job_id: int) -> str:
     """Build the derived version of one derive job (claimed once, however often delivered)."""
     return derive_job.run_derive_job(job_id)
+
+
+@shared_task
+def advance_rollouts() -> dict[int, str]:
+    """Check every running rollout once: roll back a breach, pass a step that has run its time."""
+    return rollouts.rollouts_advance()

@@ -116,6 +116,11 @@ def _client_address(context: grpc.aio.ServicerContext) -> str:
     return serving.caller_address(_peer_address(context), _metadata(context, "x-forwarded-for"))
 
 
+def _routing_key(context: grpc.aio.ServicerContext) -> str:
+    """The ``modelyard-routing-key`` metadata: calls with the same key land on the same side of a rollout."""
+    return _metadata(context, "modelyard-routing-key")
+
+
 Rpc = Callable[[Any, Any], Awaitable[Any]]
 OPEN_RPCS = frozenset({"ServerLive", "ServerReady", "ServerMetadata"})  # health and server metadata need no token
 
@@ -221,7 +226,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         """
         plane = self.plane
         model, ref = request.model_name, request.model_version or None
-        admitted = await plane.admit(model, ref, context, token=_bearer, address=_client_address)
+        admitted = await plane.admit(
+            model, ref, context, token=_bearer, address=_client_address, routing_key=_routing_key
+        )
         status = 200
         try:
             try:
@@ -232,7 +239,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if remaining is not None:  # nobody waits past the client's deadline: neither need the queue
                 deadline_us = max(1, int(remaining * 1e6))
                 decoded.timeout_us = min(decoded.timeout_us or deadline_us, deadline_us)
-            result = await plane.infer(model, ref, decoded)
+            result = await plane.infer(model, ref, decoded, draw=admitted.draw)
             return encode_infer_response(result, decoded)
         except BaseException as exc:
             status = outcome_status(exc)

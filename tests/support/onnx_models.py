@@ -36,6 +36,23 @@ def fixed_add_model(*, bias: float = 1.0, rows: int = 2, width: int = 4) -> onnx
     return _model(helper.make_graph([helper.make_node("Add", ["x", "b"], ["y"])], "fixed-add", [x], [y], [b]))
 
 
+def fragile_add_model(*, bias: float = 2.0, width: int = 4, table: int = 64) -> onnx.ModelProto:
+    """y = x + bias while every |x| < ``table``; a larger value fails the run (an index out of range).
+
+    The same signature as :func:`add_model`: it validates (standard normal inputs) and serves like
+    ``add_model(bias=bias)``, until a client sends large values. A version that "starts failing".
+    """
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])
+    values = numpy_helper.from_array(np.full([table], bias, dtype=np.float32), "values")
+    nodes = [
+        helper.make_node("Cast", ["x"], ["index"], to=TensorProto.INT64),
+        helper.make_node("Gather", ["values", "index"], ["gathered"], axis=0),
+        helper.make_node("Add", ["x", "gathered"], ["y"]),
+    ]
+    return _model(helper.make_graph(nodes, "fragile-add", [x], [y], [values]))
+
+
 def add_model_bytes(**kwargs: object) -> bytes:
     return add_model(**kwargs).SerializeToString()  # type: ignore[arg-type]
 

@@ -99,11 +99,18 @@ class ServeProcess:
         return self.log_path.read_text(errors="replace")
 
     def request(
-        self, method: str, path: str, body: Any = None, *, token: str | None = None, timeout: float = 30
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        token: str | None = None,
+        timeout: float = 30,
+        headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
         """One HTTP request on a fresh connection; returns (status, JSON body or raw text)."""
         conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": "application/json", **(headers or {})}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         try:

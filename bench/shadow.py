@@ -1,0 +1,244 @@
+"""Shadow benchmark: what mirroring a share of production's requests to a candidate costs the primary.
+
+    .venv/bin/python bench/shadow.py [--rounds 3] [--phase-seconds 10] [--clients 1,4] [--sample 0.1]
+
+What it does, all on 127.0.0.1 and cleaned up afterwards (the database and processes of
+``bench/swap.py``, whose helpers it uses):
+
+1. builds v2 of all-MiniLM-L6-v2 (``../shared/models/minilm-l6/model.onnx``) by adding 0.001 to its
+   embedding, so the shadow's report must say: max absolute difference 0.001, cosine just under 1;
+2. starts the registry and one ``modelyard serve --role inference`` process (CPU, ORT's default
+   threads: every core), uploads both versions and points ``production`` at v1;
+3. for each client count, and for each round, measures production's throughput (batch-1 requests,
+   sequence length 32, keep-alive clients without pause) for ``--phase-seconds`` without a shadow,
+   then with v2 shadowing at ``--sample``, then without again: the ratio of the shadowed phase to
+   the mean of the two around it is the cost, every number from the same run;
+4. reads the shadow report back (compared, dropped by reason, max abs diff, cosine p1).
+
+Every answer is checked against ONNX Runtime run directly on v1: a shadow must never change what
+the client gets. It prints a table and writes bench/results/shadow.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common import run_in_workdir
+from swap import (
+    MODEL,
+    MODEL_PATH,
+    Load,
+    Server,
+    base_env,
+    bench_input,
+    create_database,
+    createtoken,
+    drop_database,
+    infer_body,
+    reference_embedding,
+    request,
+    token_of,
+    upload,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+OFFSET = 0.001
+SHADOW = f"/api/v1/models/{MODEL}/aliases/production/shadow"
+
+
+def write_offset(source: Path, target: Path, offset: float = OFFSET) -> None:
+    """v2: the same graph with ``+ offset`` on its first output (same signature, outputs moved by exactly that)."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(source))
+    output = model.graph.output[0].name
+    inner = f"{output}_before_offset"
+    for node in model.graph.node:
+        node.output[:] = [inner if name == output else name for name in node.output]
+    model.graph.initializer.append(numpy_helper.from_array(np.array(offset, dtype=np.float32), "bench_offset"))
+    model.graph.node.append(helper.make_node("Add", [inner, "bench_offset"], [output], name="bench_offset_add"))
+    model.producer_version = "bench-offset"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(target))
+
+
+def phase(load_ports: list[int], clients: int, body: bytes, expected: dict[str, list[float]], seconds: float) -> dict:
+    load = Load(load_ports, clients, body, expected)
+    load.start()
+    time.sleep(1.0)  # connections opened, the first requests past
+    start_index = len(load.snapshot())
+    started = time.monotonic()
+    time.sleep(seconds)
+    answers = load.snapshot()[start_index:]
+    elapsed = time.monotonic() - started
+    load.stop()
+    ok = [a for a in answers if a.status == 200 and a.correct]
+    latencies = sorted((a.received - a.sent) * 1000 for a in ok)
+    return {
+        "requests": len(answers),
+        "failed": len([a for a in answers if a.status != 200]),
+        "wrong": len([a for a in answers if a.status == 200 and not a.correct]),
+        "rate": len(ok) / elapsed,
+        "p50_ms": latencies[len(latencies) // 2] if latencies else None,
+        "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else None,
+    }
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    servers: list[Server] = []
+    create_database()
+    try:
+        return _run(args, work, servers)
+    finally:
+        for server in servers:
+            server.kill()
+        drop_database()
+
+
+def _run(args: argparse.Namespace, work: Path, servers: list[Server]) -> dict[str, Any]:
+    v2_path = work / "v2" / "model.onnx"
+    write_offset(MODEL_PATH, v2_path)
+    tokens = bench_input()
+    expected = {"1": reference_embedding(MODEL_PATH, tokens)}
+    storage = (work / "artifacts").as_uri()
+
+    web_env = base_env(MODELYARD_DATA_DIR=str(work / "web"), MODELYARD_STORAGE_URL=storage)
+    web = Server("web", "web", web_env, work, "--migrate")
+    servers.append(web)
+    web.wait("/api/v1/fleet", {401, 403})
+    pending = [createtoken(web_env, "alice", "maintainer"), createtoken(web_env, "bob", "approver")]
+    alice, bob = (token_of(p) for p in pending)
+    assert request(web.port, "POST", "/api/v1/models", alice, {"name": MODEL})[0] == 201
+    for number in (upload(web.port, alice, MODEL_PATH), upload(web.port, alice, v2_path)):
+        deadline = time.monotonic() + 300
+        while request(web.port, "GET", f"/api/v1/models/{MODEL}/versions/{number}", alice)[1]["status"] != "ready":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"version {number} did not validate")
+            time.sleep(0.2)
+    status, asked = request(web.port, "PUT", f"/api/v1/models/{MODEL}/aliases/production", alice, {"version": 1})
+    assert status == 202, asked
+    status, body = request(web.port, "POST", f"/api/v1/promotions/{asked['id']}/approve", bob, {})
+    assert status == 200, body
+
+    env = base_env(
+        MODELYARD_DATA_DIR=str(work / "inf"),
+        MODELYARD_STORAGE_URL=storage,
+        MODELYARD_WORKER_ID="inf-1",
+        MODELYARD_PROVIDERS="cpu",
+        MODELYARD_INFERENCE_PUBLIC="true",
+        # The registry's signing key (made by the web process on its first start): loads verify with it.
+        MODELYARD_SIGNING_KEY=str(work / "web" / "signing-key.pem"),
+        MODELYARD_RECONCILE_POLL_SECONDS="1",
+        MODELYARD_FLEET_HEARTBEAT_SECONDS="1",
+    )
+    inference = Server("inf-1", "inference", env, work)
+    servers.append(inference)
+    inference.wait("/v2/health/ready", {200})
+    body_bytes = infer_body(tokens)
+
+    def shadow_on() -> None:
+        status, started = request(web.port, "PUT", SHADOW, alice, {"version": 2, "sample": args.sample})
+        assert status == 201, started
+        deadline = time.monotonic() + 120
+        while True:  # the candidate is loaded once it is in the fleet report
+            status, fleet = request(web.port, "GET", "/api/v1/fleet", alice)
+            if status == 200 and any(r["version"] == 2 and r["state"] == "ready" for w in fleet for r in w["loaded"]):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError("the shadow's candidate never loaded")
+            time.sleep(0.2)
+
+    def shadow_off() -> dict[str, Any]:
+        status, ended = request(web.port, "DELETE", SHADOW, alice)
+        assert status == 200, ended
+        time.sleep(2.5)  # the last heartbeat's counts, and the candidate released
+        return request(web.port, "GET", SHADOW, alice)[1]
+
+    series: dict[str, list[dict[str, Any]]] = {}
+    reports: list[dict[str, Any]] = []
+    for clients in args.clients:
+        rounds = []
+        for _ in range(args.rounds):
+            before = phase([inference.port], clients, body_bytes, expected, args.phase_seconds)
+            shadow_on()
+            shadowed = phase([inference.port], clients, body_bytes, expected, args.phase_seconds)
+            reports.append(shadow_off())
+            after = phase([inference.port], clients, body_bytes, expected, args.phase_seconds)
+            baseline = (before["rate"] + after["rate"]) / 2
+            rounds.append(
+                {
+                    "before": before,
+                    "shadowed": shadowed,
+                    "after": after,
+                    "ratio": shadowed["rate"] / baseline if baseline else None,
+                    "report": reports[-1]["report"],
+                }
+            )
+        series[str(clients)] = rounds
+    return {"sample": args.sample, "offset": OFFSET, "phase_seconds": args.phase_seconds, "series": series}
+
+
+def report(result: dict[str, Any]) -> None:
+    print(f"shadow at sample {result['sample']} (v2 = v1 + {result['offset']}), {result['phase_seconds']} s phases")
+    print(
+        "| clients | round | without req/s | shadowed req/s | ratio | mirrored | dropped | max abs diff | cosine p1 |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for clients, rounds in result["series"].items():
+        for index, r in enumerate(rounds, 1):
+            without = (r["before"]["rate"] + r["after"]["rate"]) / 2
+            out = next(iter(r["report"]["outputs"].values()), {})
+            dropped = ", ".join(f"{k} {v}" for k, v in r["report"]["dropped_by_reason"].items()) or "0"
+            print(
+                f"| {clients} | {index} | {without:.1f} | {r['shadowed']['rate']:.1f} | {r['ratio']:.3f} "
+                f"| {r['report']['compared']} | {dropped} | {out.get('max_abs_diff')} | {out.get('cosine_p1')} |"
+            )
+        ratios = [r["ratio"] for r in rounds]
+        print(f"clients {clients}: median ratio {statistics.median(ratios):.3f}")
+    failed = sum(
+        p["failed"] + p["wrong"]
+        for rounds in result["series"].values()
+        for r in rounds
+        for p in (r["before"], r["shadowed"], r["after"])
+    )
+    print(f"failed or wrong answers: {failed}")
+
+
+def passed(result: dict[str, Any]) -> bool:
+    phases = [
+        p for rounds in result["series"].values() for r in rounds for p in (r["before"], r["shadowed"], r["after"])
+    ]
+    return all(p["failed"] == 0 and p["wrong"] == 0 for p in phases)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--phase-seconds", type=float, default=10.0)
+    parser.add_argument("--clients", type=lambda text: [int(c) for c in text.split(",")], default=[1, 4])
+    parser.add_argument("--sample", type=float, default=0.1)
+    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "shadow.json")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, models)")
+    args = parser.parse_args(argv)
+    if not MODEL_PATH.exists():
+        print(f"{MODEL_PATH} is missing", file=sys.stderr)
+        return 2
+    return run_in_workdir(
+        prefix="modelyard-bench-shadow-",
+        run=lambda work: run(args, work),
+        report=report,
+        output=args.output,
+        keep=args.keep,
+        passed=passed,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
