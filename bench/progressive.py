@@ -1,6 +1,7 @@
-"""Shadow benchmark: what mirroring a share of production's requests to a candidate costs the primary.
+"""Progressive delivery benchmark: what a shadow costs the primary, and where a canary's requests land.
 
-    .venv/bin/python bench/shadow.py [--rounds 3] [--phase-seconds 10] [--clients 1,4] [--sample 0.1]
+    .venv/bin/python bench/progressive.py [--rounds 3] [--phase-seconds 10] [--clients 1,4] [--sample 0.1]
+        [--canary-requests 10000] [--canary-percent 10]
 
 What it does, all on 127.0.0.1 and cleaned up afterwards (the database and processes of
 ``bench/swap.py``, whose helpers it uses):
@@ -13,15 +14,21 @@ What it does, all on 127.0.0.1 and cleaned up afterwards (the database and proce
    sequence length 32, keep-alive clients without pause) for ``--phase-seconds`` without a shadow,
    then with v2 shadowing at ``--sample``, then without again: the ratio of the shadowed phase to
    the mean of the two around it is the cost, every number from the same run;
-4. reads the shadow report back (compared, dropped by reason, max abs diff, cosine p1).
+4. reads the shadow report back (compared, dropped by reason, max abs diff, cosine p1);
+5. starts a rollout of v2 at ``--canary-percent`` (one step held for the run, limits that cannot
+   trip) and sends ``--canary-requests`` requests without a routing key, then as many with a key
+   each, counting which version answered; the design asks for 8-12 % at 10 %.
 
-Every answer is checked against ONNX Runtime run directly on v1: a shadow must never change what
-the client gets. It prints a table and writes bench/results/shadow.json.
+Every v1 answer is checked against ONNX Runtime run directly on v1 (and every v2 answer against v1
+plus the offset): a shadow must never change what the client gets. It prints a table and writes
+bench/results/progressive.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
+import json
 import statistics
 import sys
 import time
@@ -182,7 +189,69 @@ def _run(args: argparse.Namespace, work: Path, servers: list[Server]) -> dict[st
                 }
             )
         series[str(clients)] = rounds
-    return {"sample": args.sample, "offset": OFFSET, "phase_seconds": args.phase_seconds, "series": series}
+
+    canary = measure_canary(args, web.port, inference.port, alice, bob, body_bytes, expected)
+    return {
+        "sample": args.sample,
+        "offset": OFFSET,
+        "phase_seconds": args.phase_seconds,
+        "series": series,
+        "canary": canary,
+    }
+
+
+def measure_canary(
+    args: argparse.Namespace, web: int, port: int, alice: str, bob: str, body: bytes, expected: dict[str, list[float]]
+) -> dict[str, Any]:
+    """Where ``--canary-requests`` requests land while a rollout holds v2 at ``--canary-percent``."""
+    rollout = {
+        "version": 2,
+        "steps": [args.canary_percent, 100],
+        "step_seconds": 7 * 24 * 3600,
+        "max_error_rate": 1,
+        "max_p99_ratio": 1000,
+    }
+    status, asked = request(web, "PUT", f"/api/v1/models/{MODEL}/aliases/production/rollout", alice, rollout)
+    assert status == 202, asked
+    status, decided = request(web, "POST", f"/api/v1/promotions/{asked['promotion']}/approve", bob, {})
+    assert status == 200, decided
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    candidate_expected = [v + OFFSET for v in expected["1"]]
+
+    def send(key: str) -> str:
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Modelyard-Routing-Key"] = key
+        conn.request("POST", f"/v2/models/{MODEL}/infer", body, headers)
+        response = conn.getresponse()
+        answer = json.loads(response.read())
+        if response.status != 200:
+            raise RuntimeError(f"canary request failed: {response.status} {answer}")
+        version = answer["model_version"]
+        want = expected["1"] if version == "1" else candidate_expected
+        if any(abs(a - b) > 1e-4 for a, b in zip(answer["outputs"][0]["data"], want, strict=True)):
+            raise RuntimeError(f"version {version} answered something else than ONNX Runtime")
+        return str(version)
+
+    deadline = time.monotonic() + 120
+    while send(f"probe-{time.monotonic()}") != "2" and time.monotonic() < deadline:
+        pass  # the split is in place once the candidate answers
+    started = time.monotonic()
+    random_side = [send("") for _ in range(args.canary_requests)]
+    random_seconds = time.monotonic() - started
+    keyed = [send(f"user-{index}") for index in range(args.canary_requests)]
+    again = [send(f"user-{index}") for index in range(0, args.canary_requests, 10)]
+    conn.close()
+    status, aborted = request(web, "POST", f"/api/v1/models/{MODEL}/aliases/production/rollout/abort", alice, {})
+    assert status == 200, aborted
+    return {
+        "percent": args.canary_percent,
+        "requests": args.canary_requests,
+        "random_share": random_side.count("2") / len(random_side),
+        "random_rate": len(random_side) / random_seconds,
+        "keyed_share": keyed.count("2") / len(keyed),
+        "keys_stable": all(keyed[index * 10] == version for index, version in enumerate(again)),
+    }
 
 
 def report(result: dict[str, Any]) -> None:
@@ -209,13 +278,25 @@ def report(result: dict[str, Any]) -> None:
         for p in (r["before"], r["shadowed"], r["after"])
     )
     print(f"failed or wrong answers: {failed}")
+    canary = result["canary"]
+    print(
+        f"canary at {canary['percent']}%: {canary['random_share']:.2%} of {canary['requests']} requests without a key "
+        f"({canary['random_rate']:.1f} req/s, one client), {canary['keyed_share']:.2%} of as many keys; "
+        f"keys stable on a second pass: {canary['keys_stable']}"
+    )
 
 
 def passed(result: dict[str, Any]) -> bool:
     phases = [
         p for rounds in result["series"].values() for r in rounds for p in (r["before"], r["shadowed"], r["after"])
     ]
-    return all(p["failed"] == 0 and p["wrong"] == 0 for p in phases)
+    canary = result["canary"]
+    share = canary["percent"] / 100
+    return (
+        all(p["failed"] == 0 and p["wrong"] == 0 for p in phases)
+        and abs(canary["random_share"] - share) <= 0.2 * share
+        and canary["keys_stable"]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,14 +305,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase-seconds", type=float, default=10.0)
     parser.add_argument("--clients", type=lambda text: [int(c) for c in text.split(",")], default=[1, 4])
     parser.add_argument("--sample", type=float, default=0.1)
-    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "shadow.json")
+    parser.add_argument("--canary-requests", type=int, default=10_000)
+    parser.add_argument("--canary-percent", type=int, default=10)
+    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "progressive.json")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, models)")
     args = parser.parse_args(argv)
     if not MODEL_PATH.exists():
         print(f"{MODEL_PATH} is missing", file=sys.stderr)
         return 2
     return run_in_workdir(
-        prefix="modelyard-bench-shadow-",
+        prefix="modelyard-bench-progressive-",
         run=lambda work: run(args, work),
         report=report,
         output=args.output,
