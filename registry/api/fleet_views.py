@@ -21,6 +21,14 @@ class TrafficBucketSerializer(serializers.Serializer[serving.TrafficBucket]):
     p99_ms = serializers.FloatField(allow_null=True)
 
 
+class TrafficTotalsSerializer(serializers.Serializer[serving.TrafficTotals]):
+    requests = serializers.IntegerField()
+    errors = serializers.IntegerField()  # type: ignore[assignment]
+    latency = serializers.DictField(
+        child=serializers.IntegerField(), help_text="latency bin (upper edges 0.1 ms * 2**(i/4)) -> requests"
+    )
+
+
 class LoadedRowSerializer(serializers.Serializer[serving.LoadedRow]):
     model = serializers.CharField()
     version = serializers.IntegerField()
@@ -38,6 +46,16 @@ class LoadedRowSerializer(serializers.Serializer[serving.LoadedRow]):
     )
     batching_reason = serializers.CharField(help_text="why it merges requests or not")
     traffic = TrafficBucketSerializer(many=True, help_text="the last minutes of requests, 10-second intervals")
+    totals = TrafficTotalsSerializer(
+        help_text="every request since the version loaded (what rollout steps are measured on)"
+    )
+    splits = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="alias -> the share of its requests (percent) this version answers in a rollout",
+    )
+    shadows = serializers.ListField(
+        child=serializers.CharField(), help_text="the aliases whose requests it answers on the side, as a shadow"
+    )
 
 
 class DeviceSerializer(serializers.Serializer[serving.DeviceRow]):
