@@ -96,6 +96,21 @@ class AliasSignatureForm(UiForm):
     trusted_signers = NamesField(required=False, max_length=4000)
 
 
+# What an empty Sample box stands for: the API's default (``registry/api/shadow_views.py``).
+SHADOW_DEFAULT_SAMPLE = 0.1
+
+
+class ShadowStartForm(UiForm):
+    """A candidate version to mirror a share of an alias's requests; the share's range is the service's rule."""
+
+    version = forms.IntegerField(min_value=1)
+    sample = forms.FloatField(required=False)
+
+    def clean_sample(self) -> float:
+        sample = self.cleaned_data.get("sample")
+        return SHADOW_DEFAULT_SAMPLE if sample is None else float(sample)
+
+
 class TokenCreateForm(UiForm):
     name = forms.CharField(required=False, max_length=100)
     expires_days = forms.IntegerField(required=False, min_value=1, max_value=3650)

@@ -13,7 +13,7 @@ Tokens, users and passwords are in ``registry.ui.account_views``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -44,6 +44,7 @@ from registry.errors import (
     ForceNeedsReason,
     ForceRequired,
     InvalidInput,
+    NotFound,
     PayloadTooLarge,
     PermissionDenied,
     RegistryError,
@@ -61,6 +62,7 @@ from registry.models import (
     VersionStatus,
 )
 from registry.provenance import services as provenance
+from registry.shadow import services as shadows
 from registry.ui.charts import traffic_charts
 from registry.ui.errors import error_page
 from registry.ui.forms import (
@@ -70,6 +72,7 @@ from registry.ui.forms import (
     ModelEditForm,
     PromotionRequestForm,
     ReasonForm,
+    ShadowStartForm,
     UiForm,
     VersionEditForm,
     local_time,
@@ -197,13 +200,19 @@ def _model_detail(
     at, served_at, at_error = _served_at(request, model)
     history = list(selectors.model_alias_history(model=model))
     aliases = list(selectors.alias_list(model=model))
+    versions = list(selectors.version_list(model=model))
+    ready = [v.version for v in versions if v.status == VersionStatus.READY]
     for alias in aliases:
         # What a rollback would go back to: where its last move came from (newest first in the history).
         last = next((move for move in history if move.alias_id == alias.pk), None)
         alias.previous = last.from_version if last is not None else None  # type: ignore[attr-defined]
+        # Its running shadow, else its last one, with the report; and what could shadow it (ready, not served).
+        alias.shadow = _alias_shadow(model, alias)  # type: ignore[attr-defined]
+        serving_number = alias.version.version if alias.version is not None else None
+        alias.shadow_candidates = [n for n in ready if n != serving_number]  # type: ignore[attr-defined]
     context = {
         "model": model,
-        "versions": selectors.version_list(model=model),
+        "versions": versions,
         "aliases": aliases,
         "history": history,
         "at": at,
@@ -305,6 +314,175 @@ def alias_signature(request: HttpRequest, name: str, alias: str) -> HttpResponse
         by = ", ".join(changed.trusted_signers) if changed.trusted_signers else "any trusted signer"
         messages.success(request, f"'{alias}' now requires a signature by {by}.")
     return redirect("ui:model", name=model.name)
+
+
+# --- Shadow traffic -----------------------------------------------------------------------------------
+
+NOT_CLASS_SCORES = "n/a"
+
+
+def _number(value: Any, spec: str = ".9g", suffix: str = "") -> str | None:
+    """A measured number as the page shows it; None when nothing was measured (the page says so)."""
+    if value is None:
+        return None
+    try:
+        return f"{float(value):{spec}}{suffix}"
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _percent(value: Any) -> str | None:
+    return _number(value * 100 if isinstance(value, int | float) else value, ".3g", "%")
+
+
+def _when(text: Any) -> datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def _shadow_side(label: str, side: Mapping[str, Any] | None) -> dict[str, Any]:
+    side = side or {}
+    errors = side.get("errors") or 0
+    return {
+        "label": label,
+        "answered": side.get("answered") or 0,
+        "errors": errors,
+        "error_rate": _percent(side.get("error_rate")),
+        "p50_ms": _number(side.get("p50_ms"), "g", " ms"),
+        "p99_ms": _number(side.get("p99_ms"), "g", " ms"),
+        "last_error": side.get("last_error") or "",
+    }
+
+
+def _shadow_output(name: str, output: Mapping[str, Any] | None) -> dict[str, Any]:
+    output = output or {}
+    rows = output.get("rows") or 0
+    top1 = _percent(output.get("top1_agreement"))
+    if top1 is None and rows:
+        top1 = NOT_CLASS_SCORES  # compared, but not class scores (2-D, more than one column)
+    return {
+        "name": name,
+        "rows": rows,
+        # The columns after Rows, in the table's order; None: not measured yet.
+        "cells": [
+            _number(output.get("cosine_p1")),
+            _number(output.get("cosine_p50")),
+            _number(output.get("cosine_min")),
+            _number(output.get("max_abs_diff"), ".6g"),
+            _number(output.get("mean_abs_diff"), ".6g"),
+            top1,
+            _number(output.get("psi"), ".4g"),
+        ],
+        "mismatched": output.get("mismatched") or 0,
+        "mismatch": output.get("mismatch") or "",
+    }
+
+
+def shadow_display(data: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A shadow as ``ShadowState.as_json()`` (or a promotion's ``shadow_report``) gives it, ready for a page.
+
+    Stored reports are read as they are: any value may be missing or null (nothing measured yet).
+    """
+    if not data:
+        return None
+    report = data.get("report") or {}
+    outputs = [_shadow_output(str(name), output) for name, output in sorted((report.get("outputs") or {}).items())]
+    lowest = [
+        float(o["cosine_p1"]) for o in (report.get("outputs") or {}).values() if (o or {}).get("cosine_p1") is not None
+    ]
+    serving, version = data.get("serving"), data.get("version")
+    dropped_by_reason = report.get("dropped_by_reason") or {}
+    return {
+        "id": data.get("id"),
+        "alias": data.get("alias") or "",
+        "version": version,
+        "serving": serving,
+        "sample": _number(data.get("sample"), "g"),
+        "sample_percent": _percent(data.get("sample")),
+        "running": bool(data.get("running")),
+        "started_by": data.get("started_by") or "",
+        "started_at": _when(data.get("started_at")),
+        "ended_at": _when(data.get("ended_at")),
+        "ended_by": data.get("ended_by") or "",
+        "end_reason": data.get("end_reason") or "",
+        "workers": data.get("workers") or 0,
+        "as_of": _when(data.get("as_of")),
+        "requests": report.get("requests") or 0,
+        "compared": report.get("compared") or 0,
+        "dropped": report.get("dropped") or 0,
+        "dropped_by_reason": ", ".join(f"{reason} {count}" for reason, count in sorted(dropped_by_reason.items())),
+        "sides": [
+            _shadow_side(f"v{serving} (serving)" if serving is not None else "serving", report.get("primary")),
+            _shadow_side(f"v{version} (candidate)" if version is not None else "candidate", report.get("candidate")),
+        ],
+        "outputs": outputs,
+        "worst_cosine_p1": _number(min(lowest)) if lowest else None,
+    }
+
+
+def _alias_shadow(model: RegisteredModel, alias: Alias) -> dict[str, Any] | None:
+    """The alias's running shadow, else its last one, ready for the model page; None if it was never shadowed."""
+    try:
+        state = shadows.shadow_current(model, alias.name)
+    except NotFound:
+        return None
+    return shadow_display(state.as_json())
+
+
+def _may_shadow(request: HttpRequest) -> None:
+    """Refuse a viewer before reading the form (the service checks the role again)."""
+    if not has_role(request.user, Role.MAINTAINER):
+        raise PermissionDenied(shadows.NEEDS_ROLE)
+
+
+@login_required
+@require_POST
+def alias_shadow_start(request: HttpRequest, name: str, alias: str) -> HttpResponse:
+    """POST: mirror a share of the alias's requests to a candidate version (maintainers); ends a running shadow."""
+    model = get_object_or_404(RegisteredModel, name=name)
+    form = ShadowStartForm(request.POST)
+    try:
+        _may_shadow(request)
+        if not form.is_valid():
+            raise _form_refusal(form)
+        shadow = shadows.shadow_start(
+            model=model,
+            alias_name=alias,
+            version_number=form.cleaned_data["version"],
+            sample=form.cleaned_data["sample"],
+            actor=actor_from_request(request),
+        )
+    except RegistryError as exc:
+        return _model_detail(request, model, error=exc.message, status=refusal(request, exc))
+    messages.success(
+        request,
+        f"v{shadow.version.version} now shadows '{alias}' on {shadow.sample * 100:g}% of its requests; "
+        "inference processes start mirroring on their next pass.",
+    )
+    return redirect(f"{reverse('ui:model', args=[model.name])}#shadow-{alias}")
+
+
+@login_required
+@require_POST
+def alias_shadow_stop(request: HttpRequest, name: str, alias: str) -> HttpResponse:
+    """POST: end the alias's running shadow (maintainers); its report stays on the page."""
+    model = get_object_or_404(RegisteredModel, name=name)
+    form = ReasonForm(request.POST)
+    try:
+        _may_shadow(request)
+        if not form.is_valid():
+            raise _form_refusal(form)
+        shadow = shadows.shadow_stop(
+            model=model, alias_name=alias, actor=actor_from_request(request), reason=form.cleaned_data["reason"]
+        )
+    except RegistryError as exc:
+        return _model_detail(request, model, error=exc.message, status=refusal(request, exc))
+    messages.success(request, f"The shadow of v{shadow.version.version} on '{alias}' stopped.")
+    return redirect(f"{reverse('ui:model', args=[model.name])}#shadow-{alias}")
 
 
 # --- Versions -----------------------------------------------------------------------------------------
@@ -667,6 +845,8 @@ def _promotion_review(
         "signature_problem": provenance.signature_problem(promotion.alias, candidate)
         if candidate is not None
         else None,
+        # The candidate's live comparison on the alias when the request was made (None: never shadowed there).
+        "shadow": shadow_display(promotion.shadow_report) if promotion.kind == PromotionKind.MOVE else None,
         "why_not": _why_not(request, promotion),
         "own": promotion.requested_by_id == request.user.pk,
         "grants": grants[: access_selectors.PRIVILEGED_GRANTS_SHOWN],

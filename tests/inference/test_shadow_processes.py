@@ -47,7 +47,8 @@ def test_a_shadow_reports_the_known_difference_and_never_touches_the_answer(owne
     response = owner.upload("demo", [("model.onnx", add_model_bytes(bias=1.25))])
     assert response.status_code == 201, response.content
     promote(owner, approver, 1)
-    server = start_server("inf-shadow")
+    # Every request mirrored: the cost budget (tested in test_shadow_runner.py) would drop most of them.
+    server = start_server("inf-shadow", extra_env={"MODELYARD_SHADOW_MAX_COST": "100"})
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     eventually(lambda: infer(server, x)[0] == 200, timeout=30, what="v1 never served")
 
@@ -107,7 +108,9 @@ def test_a_broken_shadow_never_fails_a_client_request(owner, approver, start_ser
     response = owner.upload("demo", [("model.onnx", add_model_bytes(bias=1.0, width=5))])
     assert response.status_code == 201, response.content
     promote(owner, approver, 1)
-    server = start_server("inf-shadow-broken", extra_env={"MODELYARD_SHADOW_QUEUE_SIZE": "2"})
+    server = start_server(
+        "inf-shadow-broken", extra_env={"MODELYARD_SHADOW_QUEUE_SIZE": "2", "MODELYARD_SHADOW_MAX_COST": "100"}
+    )
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     eventually(lambda: infer(server, x)[0] == 200, timeout=30, what="v1 never served")
     started = owner.put(SHADOW, {"version": 2})  # sample left out: 0.1

@@ -35,7 +35,7 @@ from django.urls import URLPattern, URLResolver, get_resolver, resolve
 from tests.support.html_forms import Control, Form, browser_fields, post_forms
 from tests.support.onnx_models import add_model_bytes
 from tests.support.people import PASSWORD
-from tests.support.required_world import MODEL, NEWCOMER, World, session, use_world, world_for_module
+from tests.support.required_world import MODEL, NEWCOMER, World, ok, put, session, use_world, world_for_module
 
 pytestmark = pytest.mark.django_db
 
@@ -50,7 +50,16 @@ OTHER_PREFIXES = ("api/", "admin/")
 @pytest.fixture(scope="module")
 def world(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     with world_for_module(django_db_blocker, tmp_path_factory.mktemp("required-fields-ui")) as made:
+        with django_db_blocker.unblock():
+            _shadow_staging(made)
         yield made
+
+
+def _shadow_staging(world: World) -> None:
+    """The model page's shadow forms need a served alias: 'staging' (v2) is served, and v1 shadows it."""
+    people = world.people
+    ok(people["root"].patch(f"/api/v1/models/{MODEL}/aliases/staging", {"served": True}), 200)
+    ok(put(people["mia"], f"/api/v1/models/{MODEL}/aliases/staging/shadow", {"version": 1}), 201)
 
 
 @pytest.fixture(autouse=True)
@@ -97,6 +106,8 @@ POST_ONLY = {
     "ui:model-batching",
     "ui:alias-rollback",
     "ui:alias-signature",
+    "ui:alias-shadow",
+    "ui:alias-shadow-stop",
     "ui:promotion-decide",
     "ui:token-revoke",
     "ui:user",
@@ -156,6 +167,21 @@ def _signature_not_required(world: World, response: Any) -> None:
     assert (staging["require_signature"], staging["trusted_signers"]) == (False, [])
     (event,) = world.read("/api/v1/audit?action=alias.provenance")["results"]
     assert (event["actor"], event["target"]) == ("root", f"{MODEL}@staging")
+
+
+def _shadow_replaced(world: World, response: Any) -> None:
+    """An empty Sample box: the default share, a tenth; the running shadow is replaced by the new one."""
+    shadow = world.read(f"/api/v1/models/{MODEL}/aliases/staging/shadow")
+    assert (shadow["version"], shadow["sample"], shadow["running"], shadow["started_by"]) == (1, 0.1, True, "mia")
+    newest, started_with_the_world = world.read("/api/v1/audit?action=alias.shadow_start")["results"]
+    assert (newest["actor"], newest["target"], newest["after"]["sample"]) == ("mia", f"{MODEL}@staging", 0.1)
+    assert newest["before"]["shadow"] == started_with_the_world["after"]["shadow"]
+
+
+def _shadow_stopped(world: World, response: Any) -> None:
+    """No reason given: stopped, for no reason but that."""
+    shadow = world.read(f"/api/v1/models/{MODEL}/aliases/staging/shadow")
+    assert (shadow["running"], shadow["ended_by"], shadow["end_reason"]) == (False, "mia", "stopped")
 
 
 def _version_cleared(world: World, response: Any) -> None:
@@ -248,6 +274,8 @@ FORMS: dict[str, Submit] = {
         f"/ui/models/{MODEL}",
         copy=lambda w: "/aliases/staging/",
     ),
+    "ui:alias-shadow": Submit("ui:model", "mia", 302, _shadow_replaced, f"/ui/models/{MODEL}#shadow-staging"),
+    "ui:alias-shadow-stop": Submit("ui:model", "mia", 302, _shadow_stopped, f"/ui/models/{MODEL}#shadow-staging"),
     "ui:version": Submit("ui:version", "mia", 302, _version_cleared, f"/ui/models/{MODEL}/versions/1"),
     "ui:upload": Submit(
         "ui:upload",
