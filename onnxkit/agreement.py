@@ -4,7 +4,8 @@ An inference process that mirrors an alias's requests to a candidate (``inferenc
 records each comparison into a :class:`Tally`; the registry merges the tallies of every process
 (:meth:`Tally.merge`) and reads the report from the sum (:meth:`Tally.report`). Everything in a tally
 is a count, a sum, a maximum or a fixed-bin histogram, so tallies add up across processes and
-restarts and the report is the same whichever way they were merged.
+restarts and the report is the same whichever way they were merged. The one exception is text: the
+last error and the last mismatch message come from the last tally merged that has one.
 
 Per output, over the rows of the requests both versions answered (a row: one item of the first
 dimension; a 0- or 1-dimensional output is one row):
@@ -18,7 +19,8 @@ dimension; a 0- or 1-dimensional output is one row):
 - drift: the population stability index between the two versions' output values. The values are
   counted in fixed bins (sign and decade, four to a decade, from 1e-6 to 1e6); the report groups
   those bins into ten of roughly equal share of the primary's values, then sums
-  ``(c - p) * ln(c / p)`` over the groups (shares floored at 1e-4). Below 0.1 is usually read as no
+  ``(c - p) * ln(c / p)`` over the groups (shares floored at 1e-4); the candidate's values outside
+  the primary's bins, below or above, are groups of their own. Below 0.1 is usually read as no
   shift, above 0.25 as a large one. At most ``VALUES_PER_OUTPUT`` values of each output of a request
   are counted (evenly strided), so a large output costs the same as a small one.
 
@@ -96,12 +98,18 @@ def _merge_histogram(into: dict[str, int], other: Mapping[str, int]) -> None:
         into[key] = into.get(key, 0) + int(count)
 
 
-def _quantile_bin(histogram: Mapping[str, int], q: float) -> int | None:
-    """The bin holding the ``q`` quantile of what the histogram counted; None when it counted nothing."""
+def _quantile_bin(histogram: Mapping[str, int], q: float, *, from_top: bool = False) -> int | None:
+    """The bin holding the ``q`` quantile of what the histogram counted; None when it counted nothing.
+
+    ``from_top``: the ``q`` quantile counted from the largest value down (the value ranked ``ceil(q * n)``
+    from the top), which is what a low percentile of the cosine is in a histogram of ``1 - cosine``.
+    """
     total = sum(histogram.values())
     if not total:
         return None
     rank = max(1, math.ceil(q * total))
+    if from_top:
+        rank = total - rank + 1
     seen = 0
     for key in sorted(histogram, key=int):
         seen += histogram[key]
@@ -120,11 +128,17 @@ def psi(primary: Mapping[str, int], candidate: Mapping[str, int], groups: int = 
     grouped: list[tuple[int, int]] = []
     share_p = share_c = 0
     target = total_p / groups
+    closed = 0  # groups closed on the primary's share
     for key in keys:
+        if not share_p and share_c and primary.get(key, 0):
+            # The candidate's values below the primary's lowest are a group of their own, as those above
+            # its highest are (the last group): else a candidate shifted down hides in the first group.
+            grouped.append((0, share_c))
         share_p += primary.get(key, 0)
         share_c += candidate.get(key, 0)
-        if share_p >= target * (len(grouped) + 1) - 1e-9:
+        if share_p >= target * (closed + 1) - 1e-9:
             grouped.append((share_p, share_c))
+            closed += 1
     if not grouped or grouped[-1] != (share_p, share_c):
         grouped.append((share_p, share_c))
     index = 0.0
@@ -141,8 +155,9 @@ def _rows(array: np.ndarray) -> np.ndarray:
     """The output as rows of float64: one per item of the first dimension (one in all below two dimensions)."""
     values = np.asarray(array, dtype=np.float64)
     if values.ndim < 2:
-        return values.reshape(1, -1)
-    return values.reshape(values.shape[0], -1)
+        return values.reshape(1, values.size)
+    # The width is spelled out: ``-1`` is refused for an empty batch of three or more dimensions.
+    return values.reshape(values.shape[0], math.prod(values.shape[1:]))
 
 
 def _strided(values: np.ndarray) -> np.ndarray:
@@ -236,8 +251,11 @@ class Tally:
         numeric = np.issubdtype(reference.dtype, np.number) and np.issubdtype(got.dtype, np.number)
         if not numeric:
             # Strings: a row is the same (cosine 1) or not (cosine -1); nothing else applies.
+            same = bool(np.array_equal(reference, got))
             entry["rows"] += 1
-            _add(entry["distance"], _distance_bin(np.array([0.0 if np.array_equal(reference, got) else 2.0])))
+            _add(entry["distance"], _distance_bin(np.array([0.0 if same else 2.0])))
+            row_cosine = 1.0 if same else -1.0
+            entry["cosine_min"] = row_cosine if entry["cosine_min"] is None else min(entry["cosine_min"], row_cosine)
             return
         a, b = _rows(reference), _rows(got)
         entry["rows"] += a.shape[0]
@@ -324,7 +342,9 @@ class Tally:
 
         outputs = {}
         for name, entry in sorted(data["outputs"].items()):
-            p1, p50 = _quantile_bin(entry["distance"], 0.99), _quantile_bin(entry["distance"], 0.5)
+            # Low percentiles of the cosine are high ones of the distance, ranked from the top.
+            p1 = _quantile_bin(entry["distance"], 0.01, from_top=True)
+            p50 = _quantile_bin(entry["distance"], 0.5, from_top=True)
             top1 = entry["top1"]
             outputs[name] = {
                 "rows": entry["rows"],

@@ -12,14 +12,17 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry.access.clients import actor_from_request
+from registry.api.serializers import FormListField
 from registry.models import RegisteredModel, RolloutState
 from registry.rollout import services as rollouts
 
 
 class RolloutInput(serializers.Serializer[Any]):
     version = serializers.IntegerField(min_value=1, help_text="the candidate version")
-    steps = serializers.ListField(
+    # In a form, repeated fields; one left empty is the default steps.
+    steps = FormListField(
         child=serializers.IntegerField(min_value=1, max_value=100),
+        empty_is_unset=True,
         required=False,
         allow_empty=False,
         max_length=rollouts.MAX_STEPS,

@@ -20,12 +20,11 @@ DEFAULT_SAMPLE = 0.1
 
 class ShadowInput(serializers.Serializer[Any]):
     version = serializers.IntegerField(min_value=1, help_text="the candidate version that mirrors the alias's requests")
+    # Its range (above 0, at most 1) is the service's one rule and message, as the database's constraint.
     sample = serializers.FloatField(
         required=False,
         default=DEFAULT_SAMPLE,
-        min_value=0.0001,
-        max_value=1,
-        help_text="the share of the alias's requests mirrored (default 0.1)",
+        help_text="the share of the alias's requests mirrored: above 0, at most 1 (default 0.1)",
     )
 
 
@@ -106,7 +105,7 @@ class AliasShadow(APIView):
         )
         return Response(shadows.shadow_state(shadow).as_json(), status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=ShadowStopInput, responses=ShadowSerializer)
+    @extend_schema(request=ShadowStopInput, responses={200: ShadowSerializer})
     def delete(self, request: Request, name: str, alias: str) -> Response:
         """End the running shadow (maintainer); the answer is its final report as the registry has it now."""
         model = get_object_or_404(RegisteredModel, name=name)

@@ -172,7 +172,8 @@ def shadow_state(shadow: AliasShadow) -> ShadowState:
     """The shadow with the sum of every process's tally."""
     tally = Tally()
     workers = 0
-    for row in shadow.tallies.all():
+    # In a fixed order, the latest counts last: their last error and mismatch message are the report's.
+    for row in shadow.tallies.order_by("updated_at", "worker_id"):
         tally.merge(row.tally)
         workers += 1
     return ShadowState(shadow=shadow, report=tally.report(), workers=workers)

@@ -43,7 +43,7 @@ from tests.support.openapi import (
     query_string,
     request_bodies,
 )
-from tests.support.required_world import HOOK_URL, MODEL, World, session, use_world, world_for_module
+from tests.support.required_world import HOOK_URL, MODEL, World, ok, session, use_world, world_for_module
 
 pytestmark = pytest.mark.django_db
 
@@ -76,6 +76,7 @@ class Call:
     check: Check | None = None
     session: bool = False  # signed in through the browser, not with a token
     runs_tasks: bool = False  # run what the request queues after commit (the upload's validation), as a server does
+    prepare: Callable[[World], None] | None = None  # more state than the world's, made in the test's savepoint
 
 
 def _emptied(body: Body | None) -> set[str]:
@@ -203,6 +204,50 @@ def _model_downloaded(world: World, body: Body | None, answer: Any) -> None:
     )
 
 
+def _serve_staging(world: World) -> None:
+    """'staging' served (it points to version 2): what a shadow or a rollout needs."""
+    ok(world.people["root"].patch(f"/api/v1/models/{MODEL}/aliases/staging", {"served": True}), 200)
+
+
+def _shadowed_staging(world: World) -> None:
+    _serve_staging(world)
+    ok(world.people["mia"].put(f"/api/v1/models/{MODEL}/aliases/staging/shadow", {"version": 1}), 201)
+
+
+def _rolling_staging(paused: bool = False) -> Callable[[World], None]:
+    def prepare(world: World) -> None:
+        _serve_staging(world)
+        ok(world.people["mia"].put(f"/api/v1/models/{MODEL}/aliases/staging/rollout", {"version": 1}), 201)
+        if paused:
+            ok(world.people["mia"].post(f"/api/v1/models/{MODEL}/aliases/staging/rollout/pause", {}), 200)
+
+    return prepare
+
+
+def _shadow_started(world: World, body: Body | None, answer: Any) -> None:
+    shadow = world.read(f"/api/v1/models/{MODEL}/aliases/staging/shadow")
+    assert (shadow["version"], shadow["serving"], shadow["sample"], shadow["running"]) == (1, 2, 0.1, True)
+    assert answer["id"] == shadow["id"]
+
+
+def _shadow_stopped(world: World, body: Body | None, answer: Any) -> None:
+    shadow = world.read(f"/api/v1/models/{MODEL}/aliases/staging/shadow")
+    assert (shadow["running"], shadow["ended_by"], shadow["end_reason"]) == (False, "mia", "stopped")
+
+
+def _rollout_is(state: str, reason: str = "") -> Check:
+    def check(world: World, body: Body | None, answer: Any) -> None:
+        rollout = world.read(f"/api/v1/models/{MODEL}/aliases/staging/rollout")
+        assert (rollout["version"], rollout["base_version"], rollout["state"]) == (1, 2, state)
+        # Only the version sent: the defaults.
+        assert (rollout["steps"], rollout["step_seconds"], rollout["min_requests"]) == ([5, 25, 50, 100], 300, 200)
+        assert (rollout["max_error_rate"], rollout["max_p99_ratio"]) == (0.005, 1.2)
+        assert rollout["end_reason"] == reason
+        assert answer["id"] == rollout["id"]
+
+    return check
+
+
 def _version_1(world: World) -> dict[str, Any]:
     return {"name": MODEL, "version": 1}
 
@@ -253,6 +298,29 @@ CALLS: dict[str, Call] = {
     "v1_promotions_approve_create": Call("ada", 200, params=_promotion, check=_decided("approved", 1, "ada")),
     "v1_promotions_reject_create": Call("ada", 200, params=_promotion, check=_decided("rejected", None, "ada")),
     "v1_promotions_cancel_create": Call("mia", 200, params=_promotion, check=_decided("cancelled", None, "mia")),
+    "v1_models_aliases_shadow_update": Call(
+        "mia", 201, params=_staging, values=lambda w: {"version": 1}, check=_shadow_started, prepare=_serve_staging
+    ),
+    "v1_models_aliases_shadow_destroy": Call(
+        "mia", 200, params=_staging, check=_shadow_stopped, prepare=_shadowed_staging
+    ),
+    "v1_models_aliases_rollout_update": Call(
+        "mia",
+        201,
+        params=_staging,
+        values=lambda w: {"version": 1},
+        check=_rollout_is("running"),
+        prepare=_serve_staging,
+    ),
+    "v1_models_aliases_rollout_pause_create": Call(
+        "mia", 200, params=_staging, check=_rollout_is("paused"), prepare=_rolling_staging()
+    ),
+    "v1_models_aliases_rollout_resume_create": Call(
+        "mia", 200, params=_staging, check=_rollout_is("running"), prepare=_rolling_staging(paused=True)
+    ),
+    "v1_models_aliases_rollout_abort_create": Call(
+        "mia", 200, params=_staging, check=_rollout_is("aborted", "aborted"), prepare=_rolling_staging()
+    ),
     "v1_tokens_create": Call("mia", 201, session=True, check=_token_created),
     "v1_tokens_destroy": Call("mia", 204, params=lambda w: {"prefix": w.spare_token}, check=_token_revoked),
     "v1_webhooks_create": Call(
@@ -272,6 +340,8 @@ CALLS: dict[str, Call] = {
     "v1_models_aliases_list": _read(params=_model),
     "v1_models_aliases_retrieve": _read(params=_staging),
     "v1_models_aliases_history_list": _read(params=_staging),
+    "v1_models_aliases_shadow_retrieve": Call("mia", 200, params=_staging, prepare=_shadowed_staging),
+    "v1_models_aliases_rollout_retrieve": Call("mia", 200, params=_staging, prepare=_rolling_staging()),
     "v1_models_versions_list": _read(params=_model),
     "v1_models_versions_retrieve": _read(params=_version_1),
     "v1_models_versions_benchmarks_list": _read(params=_version_1),
@@ -346,6 +416,8 @@ def test_operation_succeeds_with_only_its_required_fields(
     world, operation: Operation, variant: str, content_type: str, empty_query: bool
 ):
     call = CALLS[operation.operation_id]
+    if call.prepare is not None:
+        call.prepare(world)
     values = call.values(world)
     path = operation.path.format(**call.params(world)) + query_string(operation, values, optional_empty=empty_query)
     body = None
