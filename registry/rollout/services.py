@@ -207,6 +207,10 @@ def rollout_start(
 
 
 def _live(model: RegisteredModel, alias_name: str, states: tuple[str, ...]) -> AliasRollout:
+    # The model row first, as rollout_start, alias_set and every promotion decision lock it: an abort
+    # that locked the rollout before the model would deadlock with an approval or a rejection of its
+    # request (which hold the model and the request, and then lock the rollout).
+    model = RegisteredModel.objects.select_for_update().get(pk=model.pk)
     alias = _alias(model, alias_name)
     rollout = (
         AliasRollout.objects.select_for_update(of=("self",))
@@ -316,8 +320,10 @@ def breach(rollout: AliasRollout, candidate: TrafficTotals, current: TrafficTota
 def _advance(rollout_id: int) -> str:
     """One check of one rollout, in its own transaction; returns what happened."""
     with transaction.atomic(durable=True):
+        # The alias too: a move of it (alias_set) or a pause or abort holding it is left to finish, and
+        # the check of where it points below stays true until the last step moves it.
         rollout = (
-            AliasRollout.objects.select_for_update(of=("self",), skip_locked=True)
+            AliasRollout.objects.select_for_update(of=("self", "alias"), skip_locked=True)
             .select_related(*_RELATED)
             .filter(pk=rollout_id, state=RolloutState.RUNNING)
             .first()
