@@ -163,6 +163,12 @@ def move_alias(
     return _move(alias=alias, to=to, actor=actor, kind=kind, reason=reason, promotion=promotion)
 
 
+def check_candidate(alias: Alias, version: ModelVersion, *, force: bool, reason: str) -> bool:
+    """What a direct set checks of a candidate (a breaking signature, the alias's policy); whether it was forced."""
+    forced = _check_signature(alias, version, force=force, reason=reason)
+    return _check_policy(alias, version, force=force, reason=reason) or forced
+
+
 def promotion_ttl() -> datetime:
     """When a promotion request made now expires."""
     return timezone.now() + timedelta(seconds=settings.PROMOTION_TTL_SECONDS)

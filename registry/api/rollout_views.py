@@ -41,6 +41,9 @@ class RolloutInput(serializers.Serializer[Any]):
         required=False, min_value=1, help_text="requests the candidate needs in a step to pass it (default 200)"
     )
     reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+    force = serializers.BooleanField(
+        required=False, default=False, help_text="past a breaking signature or the alias's policy, with a reason"
+    )
 
 
 class ReasonInput(serializers.Serializer[Any]):
@@ -113,6 +116,7 @@ class AliasRollout(APIView):
             max_p99_ratio=values.get("max_p99_ratio"),
             min_requests=values.get("min_requests"),
             reason=values["reason"],
+            force=values["force"],
         )
         pending = rollout.state == RolloutState.PENDING
         return Response(

@@ -47,7 +47,7 @@ from registry.models import (
     VersionStatus,
     WebhookEvent,
 )
-from registry.promotions import emit_promotion, move_alias, promotion_ttl, promotion_withdrawn
+from registry.promotions import check_candidate, emit_promotion, move_alias, promotion_ttl, promotion_withdrawn
 from registry.provenance.services import check_alias_signature
 from registry.rollout.state import (
     ROLLOUT_ACTOR,
@@ -129,6 +129,7 @@ def rollout_start(
     max_p99_ratio: float | None = None,
     min_requests: int | None = None,
     reason: str = "",
+    force: bool = False,
 ) -> AliasRollout:
     """Start a stepped rollout of a version on an alias, or ask for it when the alias is protected."""
     _check_role(actor)
@@ -153,6 +154,8 @@ def rollout_start(
             detail={"rollout": live.pk},
         )
     check_alias_signature(alias, version)  # provenance holds for every way onto the alias
+    # A breaking signature change and the alias's policy are refused as a direct set refuses them, unless forced.
+    forced = check_candidate(alias, version, force=force, reason=reason)
     rollout = AliasRollout(
         alias=alias,
         version=version,
@@ -172,6 +175,7 @@ def rollout_start(
             version=version,
             base_version=alias.version,
             reason=reason,
+            force=forced,
             requested_by=actor.user,
             expires_at=promotion_ttl(),
         )
@@ -325,11 +329,12 @@ def _advance(rollout_id: int) -> str:
         rollout = (
             AliasRollout.objects.select_for_update(of=("self", "alias"), skip_locked=True)
             .select_related(*_RELATED)
-            .filter(pk=rollout_id, state=RolloutState.RUNNING)
+            .filter(pk=rollout_id, state__in=(RolloutState.RUNNING, RolloutState.PAUSED))
             .first()
         )
         if rollout is None:
             return "skipped"
+        paused = rollout.state == RolloutState.PAUSED
         alias = rollout.alias
         if alias.version_id != rollout.base_version_id:
             now = alias.version.version if alias.version else None
@@ -346,7 +351,9 @@ def _advance(rollout_id: int) -> str:
             return "aborted"
         candidate, current = step_figures(rollout)
         assert rollout.step_started_at is not None
-        elapsed = rollout.step_elapsed + (timezone.now() - rollout.step_started_at).total_seconds()
+        elapsed = rollout.step_elapsed
+        if not paused:
+            elapsed += (timezone.now() - rollout.step_started_at).total_seconds()
         rollout.last_check = {
             "checked_at": timezone.now().isoformat(),
             "step": rollout.step,
@@ -358,6 +365,9 @@ def _advance(rollout_id: int) -> str:
         if why:
             rollout_finish(rollout, RolloutState.ROLLED_BACK, ROLLOUT_ACTOR, why, "rollout.rolled_back")
             return "rolled_back"
+        if paused:  # it holds its share, so a breach still rolls it back; it only does not move on
+            rollout.save(update_fields=["last_check"])
+            return "checked"
         if elapsed < rollout.step_seconds or candidate.requests < rollout.min_requests:
             if elapsed >= rollout.step_seconds:
                 rollout.last_check["waiting"] = (
@@ -382,9 +392,13 @@ def _advance(rollout_id: int) -> str:
 
 
 def rollouts_advance() -> dict[int, str]:
-    """Check every running rollout once (the periodic task); returns rollout id -> what happened."""
+    """Check every running or paused rollout once (the periodic task); returns rollout id -> what happened.
+
+    A paused rollout is checked for breaches (it still splits traffic) but does not move on.
+    """
     outcomes = {}
-    for rollout_id in AliasRollout.objects.filter(state=RolloutState.RUNNING).values_list("pk", flat=True):
+    splitting = (RolloutState.RUNNING, RolloutState.PAUSED)
+    for rollout_id in AliasRollout.objects.filter(state__in=splitting).values_list("pk", flat=True):
         try:
             outcomes[rollout_id] = _advance(rollout_id)
         except Exception:  # one broken rollout must not stop the others' checks

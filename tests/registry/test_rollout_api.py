@@ -49,6 +49,7 @@ from registry.serving import (
     desired_state,
     worker_heartbeat,
 )
+from tests.support.onnx_models import add_model_bytes
 from tests.support.people import Person, make_person
 from tests.support.registry import create_model, promote, set_alias, set_served, upload_versions
 
@@ -529,12 +530,13 @@ def test_a_paused_rollout_holds_its_share_and_its_clock_until_resumed(owner, sta
     assert paused.json()["state"] == "paused" and 30 <= frozen < 35
     assert split_of() == SplitSpec(body["id"], staging[1].pk, 5)  # the share is held
 
-    # Paused, the clock stands still and the check leaves it alone, whatever the figures.
+    # Paused, the clock stands still: the check looks at the figures (for a breach) but never moves it on.
     age(300)
     heartbeat(traffic(100), traffic(100))
-    assert rollouts_advance() == {}
+    assert rollouts_advance() == {body["id"]: "checked"}
     now = current(owner)
-    assert (now["state"], now["step"], now["step_elapsed"], now["last_check"]) == ("paused", 0, frozen, None)
+    assert (now["state"], now["step"], now["step_elapsed"]) == ("paused", 0, frozen)
+    assert now["last_check"]["candidate"]["requests"] == 100 and now["last_check"]["elapsed"] == frozen
 
     assert error_of(owner.post(f"{STAGING}/pause", {})) == (
         409,
@@ -721,3 +723,28 @@ def test_a_check_leaves_an_alias_being_moved_alone_and_then_aborts_the_rollout(o
     assert current(owner)["end_reason"] == "alias 'staging' was moved to version 3 meanwhile"
     assert Alias.objects.get(model__name="demo", name="staging").version == staging[2]
     assert not AliasMove.objects.filter(to_version=staging[1]).exists()
+
+
+def test_a_paused_rollout_still_splits_so_a_breach_still_rolls_it_back(owner, staging):
+    body = started(owner, step_seconds=60, min_requests=10, max_error_rate=0.1)
+    assert owner.post(f"{STAGING}/pause", {}).status_code == 200
+    heartbeat(traffic(100), traffic(10, errors=5))
+    assert rollouts_advance() == {body["id"]: "rolled_back"}
+    ended = current(owner)
+    assert (ended["state"], ended["percent"]) == ("rolled_back", 0)
+    assert ended["end_reason"] == "error rate 50.00% (5 of 10 requests) is above the limit of 10.00%"
+    assert split_of() is None
+
+
+def test_a_breaking_signature_needs_force_and_a_reason_as_a_direct_set_does(owner, staging):
+    response = owner.upload("demo", [("model.onnx", add_model_bytes(bias=1.0, width=5))])
+    assert response.status_code == 201, response.content
+    number = response.json()["version"]
+    refused = owner.put(STAGING, {"version": number})
+    assert refused.status_code == 409, refused.content
+    assert refused.json()["error"].startswith(f"version {number} is not compatible with version 1 behind 'staging'")
+    assert AliasRollout.objects.count() == 0
+    assert owner.put(STAGING, {"version": number, "force": True}).status_code == 400  # a reason is needed
+    forced = owner.put(STAGING, {"version": number, "force": True, "reason": "the new input width is intended"})
+    assert forced.status_code == 201, forced.content
+    assert forced.json()["state"] == "running"
