@@ -1,4 +1,4 @@
-"""The user commands of ``modelyard`` (login, models, push, promote, approve, pull, verify, infer, audit, ...).
+"""The user commands of ``modelyard`` (login, models, push, promote, approve, pull, verify, shadow, infer, audit, ...).
 
 They run on :mod:`modelyard.client` alone, so they start fast and need no server code: no Django,
 no database. Every command takes ``--url`` and ``--token`` (else ``MODELYARD_URL`` and
@@ -23,7 +23,7 @@ from modelyard.client.config import DEFAULT_PROFILE, save_profile
 from modelyard.client.core import BUNDLE, Client, file_digests, token_from_password
 from modelyard.client.errors import ApiError, ConfigError, ModelyardError, NotFound, ValidationFailed
 from modelyard.client.tensors import NUMPY_OF
-from modelyard.client.types import Alias, AliasMove, Promotion, Version
+from modelyard.client.types import Alias, AliasMove, Promotion, Shadow, ShadowSide, Version
 
 Handler = Callable[[argparse.Namespace, Client], int]
 
@@ -532,6 +532,105 @@ def cmd_alias(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+def _moment(text: str | None) -> str:
+    return (text or "")[:19].replace("T", " ")
+
+
+def _share(sample: float) -> str:
+    return f"{sample * 100:.4g}%"
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} ms"
+
+
+def _side_line(label: str, version: int | None, side: ShadowSide) -> str:
+    rate = f" ({side.error_rate:.2%})" if side.error_rate is not None and side.errors else ""
+    line = (
+        f"  {label:<9} v{version if version is not None else '?'}: {side.answered} answered, "
+        f"{side.errors} errors{rate}, p50 {_ms(side.p50_ms)}, p99 {_ms(side.p99_ms)}"
+    )
+    return line + (f"; last error: {_one_line(side.last_error)}" if side.last_error else "")
+
+
+def _shadow_lines(shadow: Shadow) -> list[str]:
+    """What ``shadow show`` prints: the versions, the sample, whether it runs, the counts and each output."""
+    serving = f"version {shadow.serving}" if shadow.serving is not None else "no version"
+    lines = [
+        f"Shadow {shadow.id} on '{shadow.alias}' of '{shadow.model}': candidate version {shadow.version}, "
+        f"serving {serving}",
+        f"  sample    {shadow.sample:g} ({_share(shadow.sample)} of the requests)",
+    ]
+    started = f"since {_moment(shadow.started_at)} (started by {shadow.started_by})"
+    if shadow.running:
+        lines.append(f"  state     running {started}")
+    else:
+        why = f": {_one_line(shadow.end_reason)}" if shadow.end_reason else ""
+        lines.append(f"  state     ended {_moment(shadow.ended_at)} by {shadow.ended_by or '-'}{why}")
+        lines.append(f"  started   {_moment(shadow.started_at)} by {shadow.started_by}")
+    reasons = ", ".join(f"{reason} {count}" for reason, count in shadow.dropped_by_reason.items() if count)
+    lines.append(
+        f"  requests  {shadow.requests} mirrored, {shadow.compared} compared, {shadow.dropped} dropped"
+        + (f" ({reasons})" if reasons else "")
+        + f"; {shadow.workers} inference process(es) reported"
+    )
+    lines.append(_side_line("serving", shadow.serving, shadow.primary))
+    lines.append(_side_line("candidate", shadow.version, shadow.candidate))
+    outputs = shadow.outputs
+    if not outputs:
+        lines.append("  outputs   none compared yet")
+    for name, output in outputs.items():
+        parts = [f"{output.rows} rows"]
+        if output.cosine_p1 is not None or output.cosine_p50 is not None:
+            parts.append(f"cosine p1 {_number(output.cosine_p1, '.6f')} p50 {_number(output.cosine_p50, '.6f')}")
+        if output.max_abs_diff is not None:
+            parts.append(f"max abs diff {output.max_abs_diff:.3g}")
+        if output.top1_agreement is not None:
+            parts.append(f"top-1 agreement {output.top1_agreement:.2%}")
+        if output.psi is not None:
+            parts.append(f"psi {output.psi:.4f}")
+        if output.mismatched:
+            parts.append(f"{output.mismatched} mismatched: {_one_line(output.mismatch)}")
+        lines.append(f"  output    {name}: " + ", ".join(parts))
+    return lines
+
+
+def cmd_shadow_start(args: argparse.Namespace, client: Client) -> int:
+    shadow = client.shadow_start(args.name, args.alias, args.version, sample=args.sample)
+    if args.json:
+        _print_json(shadow.raw)
+        return 0
+    print(
+        f"Version {shadow.version} of '{shadow.model}' now shadows '{shadow.alias}' (version {shadow.serving}) "
+        f"on {_share(shadow.sample)} of its requests (shadow {shadow.id})."
+    )
+    print(f"Its report: modelyard shadow show {args.name} {args.alias}")
+    return 0
+
+
+def cmd_shadow_stop(args: argparse.Namespace, client: Client) -> int:
+    shadow = client.shadow_stop(args.name, args.alias, reason=args.reason)
+    if args.json:
+        _print_json(shadow.raw)
+        return 0
+    print(f"Stopped the shadow of version {shadow.version} on '{shadow.alias}' of '{shadow.model}'. Its final report:")
+    print("\n".join(_shadow_lines(shadow)))
+    return 0
+
+
+def cmd_shadow_show(args: argparse.Namespace, client: Client) -> int:
+    shadow = client.shadow(args.name, args.alias)
+    if args.json:
+        _print_json(shadow.raw)
+    else:
+        print("\n".join(_shadow_lines(shadow)))
+    return 0
+
+
 def _input_value(text: str, datatype: str | None) -> Any:
     """``NAME=VALUE``'s value: a .npy file, a .json file, or JSON inline, as the input's datatype."""
     import numpy as np
@@ -991,6 +1090,35 @@ def add_commands(sub: Any) -> None:
         help="accept only this signer of MODELYARD_TRUSTED_SIGNERS (repeatable; implies --require-signature)",
     )
     signers.add_argument("--any-signer", action="store_true", help="accept any trusted signer again")
+
+    shadow = sub.add_parser(
+        "shadow",
+        help="shadow traffic: a candidate version answers a sample of a served alias's requests on the side",
+        description="A candidate version answers a sample of a served alias's requests after the serving version "
+        "has answered (never delaying or changing that answer); the inference processes count how the two agree.",
+    )
+    actions = shadow.add_subparsers(dest="shadow_command", required=True)
+    p = actions.add_parser(
+        "start", parents=[common], help="mirror a sample of the alias's requests to a version (maintainer role)"
+    )
+    p.add_argument("name", metavar="MODEL")
+    p.add_argument("alias", metavar="ALIAS")
+    p.add_argument("--version", type=int, required=True, metavar="N", help="the candidate version")
+    p.add_argument(
+        "--sample", type=float, default=None, metavar="F", help="the share of the requests mirrored (default 0.1)"
+    )
+    p.set_defaults(func=_runner(cmd_shadow_start))
+    p = actions.add_parser("stop", parents=[common], help="end the alias's running shadow (maintainer role)")
+    p.add_argument("name", metavar="MODEL")
+    p.add_argument("alias", metavar="ALIAS")
+    p.add_argument("--reason", default="")
+    p.set_defaults(func=_runner(cmd_shadow_stop))
+    p = actions.add_parser(
+        "show", parents=[common], help="the alias's running shadow (else its last one) and how the versions agree"
+    )
+    p.add_argument("name", metavar="MODEL")
+    p.add_argument("alias", metavar="ALIAS")
+    p.set_defaults(func=_runner(cmd_shadow_show))
 
     p = command("infer", cmd_infer, "run a served model on inputs from .npy or JSON")
     p.add_argument("name")

@@ -47,6 +47,7 @@ from modelyard.client.types import (
     DeriveJob,
     Model,
     Promotion,
+    Shadow,
     Version,
     Webhook,
 )
@@ -440,6 +441,32 @@ class Client:
             return [AliasMove.from_json(item) for item in self._json("GET", path)]
         when = at.isoformat() if isinstance(at, datetime) else at
         return AliasAt.from_json(self._json("GET", path, params={"at": when}))
+
+    # --- Shadow traffic ------------------------------------------------------------------------------------
+
+    def _shadow_path(self, name: str, alias: str) -> str:
+        return f"/api/v1/models/{_q(name)}/aliases/{_q(alias)}/shadow"
+
+    def shadow_start(self, name: str, alias: str, version: int, *, sample: float | None = None) -> Shadow:
+        """Mirror a ``sample`` of a served alias's requests (the server's default: 0.1) to ``version`` (maintainers).
+
+        The inference processes run the candidate after the serving version has answered and count
+        how the two agree; a shadow already running on the alias ends. Refused with
+        :class:`~modelyard.client.errors.Conflict` when the version is not ready, or the alias is not
+        served, points to no version, or serves ``version`` already.
+        """
+        body: dict[str, Any] = {"version": int(version)}
+        if sample is not None:
+            body["sample"] = sample
+        return Shadow.from_json(self._json("PUT", self._shadow_path(name, alias), json_body=body))
+
+    def shadow(self, name: str, alias: str) -> Shadow:
+        """The alias's running shadow and its report, else its last one (:class:`NotFound` if never shadowed)."""
+        return Shadow.from_json(self._json("GET", self._shadow_path(name, alias)))
+
+    def shadow_stop(self, name: str, alias: str, *, reason: str = "") -> Shadow:
+        """End the alias's running shadow (maintainers): the shadow with its final report; :class:`NotFound` if none."""
+        return Shadow.from_json(self._json("DELETE", self._shadow_path(name, alias), json_body={"reason": reason}))
 
     # --- Audit -------------------------------------------------------------------------------------------
 

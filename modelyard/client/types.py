@@ -103,7 +103,13 @@ class Promotion(_Record):
     decided_by: str | None = None
     decision_reason: str = ""
     expires_at: str = ""
+    shadow_report: dict[str, Any] | None = None  # the candidate's shadow on the alias when it was asked for
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def shadow(self) -> Shadow | None:
+        """:attr:`shadow_report` as a :class:`Shadow` (its ``raw`` also has ``as_of``); None if never shadowed."""
+        return Shadow.from_json(self.shadow_report) if self.shadow_report else None
 
 
 @dataclass(frozen=True)
@@ -204,3 +210,91 @@ class Benchmark(_Record):
     note: str = ""
     finished_at: str | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class ShadowSide(_Record):
+    """One version's side of a shadow: its answers, its errors and its latency (None before it answered)."""
+
+    answered: int = 0
+    errors: int = 0
+    error_rate: float | None = None
+    p50_ms: float | None = None
+    p99_ms: float | None = None
+    last_error: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class ShadowOutput(_Record):
+    """How one output of the candidate agrees with the serving version's (None until rows were compared)."""
+
+    rows: int = 0
+    cosine_p1: float | None = None  # the 1st percentile of the rows' cosine similarity
+    cosine_p50: float | None = None
+    cosine_min: float | None = None
+    max_abs_diff: float | None = None
+    mean_abs_diff: float | None = None
+    top1_agreement: float | None = None  # class scores only (2-D, more than one column)
+    psi: float | None = None  # population stability index of the output values
+    mismatched: int = 0  # requests whose output the candidate lacked or shaped otherwise
+    mismatch: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class Shadow(_Record):
+    """A candidate ``version`` answering a ``sample`` of an alias's requests beside the version it serves.
+
+    ``report`` is what the inference processes counted, merged: :attr:`primary`, :attr:`candidate`
+    and :attr:`outputs` read it as typed parts.
+    """
+
+    id: int
+    model: str
+    alias: str
+    version: int
+    serving: int | None = None
+    sample: float = 0.0
+    running: bool = False
+    started_by: str = ""
+    started_at: str = ""
+    ended_at: str | None = None
+    ended_by: str | None = None
+    end_reason: str = ""
+    workers: int = 0  # inference processes that reported counts
+    report: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def requests(self) -> int:
+        """Sampled requests the candidate ran."""
+        return int(self.report.get("requests") or 0)
+
+    @property
+    def compared(self) -> int:
+        """Of those, the ones both versions answered."""
+        return int(self.report.get("compared") or 0)
+
+    @property
+    def dropped(self) -> int:
+        """Sampled requests not mirrored (a busy process, a full queue): :attr:`dropped_by_reason` says why."""
+        return int(self.report.get("dropped") or 0)
+
+    @property
+    def dropped_by_reason(self) -> dict[str, int]:
+        return dict(self.report.get("dropped_by_reason") or {})
+
+    @property
+    def primary(self) -> ShadowSide:
+        """The serving version's side."""
+        return ShadowSide.from_json(self.report.get("primary") or {})
+
+    @property
+    def candidate(self) -> ShadowSide:
+        return ShadowSide.from_json(self.report.get("candidate") or {})
+
+    @property
+    def outputs(self) -> dict[str, ShadowOutput]:
+        """Each output compared, by name."""
+        return {name: ShadowOutput.from_json(item) for name, item in (self.report.get("outputs") or {}).items()}
