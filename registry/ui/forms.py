@@ -111,6 +111,50 @@ class ShadowStartForm(UiForm):
         return SHADOW_DEFAULT_SAMPLE if sample is None else float(sample)
 
 
+# The largest count a rollout's whole-number settings are stored in (PostgreSQL's integer).
+ROLLOUT_MAX_COUNT = 2_147_483_647
+STEP_PATTERN = re.compile(r"[0-9]{1,9}")
+
+
+class StepsField(forms.CharField):
+    """A rollout's steps as one line of percentages ("5, 25, 50, 100"), separated by commas or spaces.
+
+    Empty stands for the service's default steps (None); that the steps increase and lie from 1 to 100
+    is the service's rule, so its refusal is what the page shows.
+    """
+
+    def to_python(self, value: Any) -> list[int] | None:  # type: ignore[override]
+        text = super().to_python(value) or ""
+        parts = [part for part in re.split(r"[,\s]+", text) if part]
+        if not parts:
+            return None
+        steps = []
+        for part in parts:
+            number = part.removesuffix("%")
+            if not STEP_PATTERN.fullmatch(number):
+                raise forms.ValidationError(
+                    f"each step is a whole percentage, separated by commas or spaces, e.g. 5, 25, 50, 100; not {part!r}"
+                )
+            steps.append(int(number))
+        return steps
+
+
+class RolloutStartForm(UiForm):
+    """A stepped rollout of a candidate version on an alias: the version, and optional settings.
+
+    Each empty box stands for the service's default (``registry.rollout.services.DEFAULTS``); the limits
+    are the REST API's (``registry/api/rollout_views.py``).
+    """
+
+    version = forms.IntegerField(min_value=1)
+    steps = StepsField(required=False, max_length=400)
+    step_seconds = forms.IntegerField(required=False, min_value=1, max_value=7 * 24 * 3600)
+    max_error_rate = forms.FloatField(required=False, min_value=0, max_value=1)
+    max_p99_ratio = forms.FloatField(required=False, min_value=0.01)
+    min_requests = forms.IntegerField(required=False, min_value=1, max_value=ROLLOUT_MAX_COUNT)
+    reason = forms.CharField(required=False, max_length=2000)
+
+
 class TokenCreateForm(UiForm):
     name = forms.CharField(required=False, max_length=100)
     expires_days = forms.IntegerField(required=False, min_value=1, max_value=3650)

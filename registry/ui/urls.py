@@ -18,6 +18,18 @@ urlpatterns = [
     path("models/<str:name>/aliases/<str:alias>/signature", ui_views.alias_signature, name="alias-signature"),
     path("models/<str:name>/aliases/<str:alias>/shadow", ui_views.alias_shadow_start, name="alias-shadow"),
     path("models/<str:name>/aliases/<str:alias>/shadow/stop", ui_views.alias_shadow_stop, name="alias-shadow-stop"),
+    path("models/<str:name>/aliases/<str:alias>/rollout", ui_views.alias_rollout_start, name="alias-rollout"),
+    path(
+        "models/<str:name>/aliases/<str:alias>/rollout/pause", ui_views.alias_rollout_pause, name="alias-rollout-pause"
+    ),
+    path(
+        "models/<str:name>/aliases/<str:alias>/rollout/resume",
+        ui_views.alias_rollout_resume,
+        name="alias-rollout-resume",
+    ),
+    path(
+        "models/<str:name>/aliases/<str:alias>/rollout/abort", ui_views.alias_rollout_abort, name="alias-rollout-abort"
+    ),
     path("promotions", ui_views.promotion_index, name="promotions"),
     path("promotions/<int:promotion_id>", ui_views.promotion_detail, name="promotion"),
     path("promotions/<int:promotion_id>/<str:decision>", ui_views.promotion_decide, name="promotion-decide"),

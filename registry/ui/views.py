@@ -27,6 +27,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
@@ -52,16 +53,20 @@ from registry.errors import (
 from registry.http import MultipartUpload, body_refusal, status_for
 from registry.models import (
     PRODUCTION,
+    ROLLOUT_LIVE,
     Alias,
+    AliasRollout,
     ModelVersion,
     PromotionKind,
     PromotionRequest,
     PromotionState,
     RegisteredModel,
     Role,
+    RolloutState,
     VersionStatus,
 )
 from registry.provenance import services as provenance
+from registry.rollout import services as rollouts
 from registry.shadow import services as shadows
 from registry.ui.charts import traffic_charts
 from registry.ui.errors import error_page
@@ -72,6 +77,7 @@ from registry.ui.forms import (
     ModelEditForm,
     PromotionRequestForm,
     ReasonForm,
+    RolloutStartForm,
     ShadowStartForm,
     UiForm,
     VersionEditForm,
@@ -210,6 +216,9 @@ def _model_detail(
         alias.shadow = _alias_shadow(model, alias)  # type: ignore[attr-defined]
         serving_number = alias.version.version if alias.version is not None else None
         alias.shadow_candidates = [n for n in ready if n != serving_number]  # type: ignore[attr-defined]
+        # Its live rollout, else its last one; a rollout's candidates are the same: ready, not the one served.
+        alias.rollout = _alias_rollout(model, alias)  # type: ignore[attr-defined]
+        alias.rollout_candidates = alias.shadow_candidates  # type: ignore[attr-defined]
     context = {
         "model": model,
         "versions": versions,
@@ -483,6 +492,222 @@ def alias_shadow_stop(request: HttpRequest, name: str, alias: str) -> HttpRespon
         return _model_detail(request, model, error=exc.message, status=refusal(request, exc))
     messages.success(request, f"The shadow of v{shadow.version.version} on '{alias}' stopped.")
     return redirect(f"{reverse('ui:model', args=[model.name])}#shadow-{alias}")
+
+
+# --- Stepped rollouts --------------------------------------------------------------------------------
+
+# The badge each state wears (the colours ui.css has).
+ROLLOUT_BADGES = {
+    RolloutState.PENDING: "pending",
+    RolloutState.RUNNING: "ok",
+    RolloutState.PAUSED: "warn",
+    RolloutState.COMPLETED: "approved",
+    RolloutState.ROLLED_BACK: "bad",
+    RolloutState.ABORTED: "neutral",
+    RolloutState.REJECTED: "rejected",
+}
+
+
+def _duration(seconds: Any) -> str:
+    """Seconds as a person reads them: "42 s", "5 min", "4 min 2 s", "2 h 5 min"."""
+    total = int(seconds) if isinstance(seconds, int | float) else 0
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours} h {minutes} min" if minutes else f"{hours} h"
+    if minutes:
+        return f"{minutes} min {secs} s" if secs else f"{minutes} min"
+    return f"{secs} s"
+
+
+def _rollout_side(label: str, side: Mapping[str, Any] | None) -> dict[str, Any]:
+    side = side or {}
+    return {
+        "label": label,
+        "requests": side.get("requests") or 0,
+        "errors": side.get("errors") or 0,
+        "error_rate": _percent(side.get("error_rate")),
+        "p99_ms": _number(side.get("p99_ms"), "g", " ms"),
+    }
+
+
+def rollout_display(rollout: AliasRollout) -> dict[str, Any]:
+    """A rollout as ``rollout_json`` gives it, ready for a page; its last check's figures may be missing."""
+    data = rollouts.rollout_json(rollout)
+    steps = [int(step) for step in data["steps"]]
+    step = min(int(data["step"]), len(steps) - 1) if steps else 0
+    check = data.get("last_check") or {}
+    version, base = data["version"], data["base_version"]
+    return {
+        "id": data["id"],
+        "alias": data["alias"],
+        "version": version,
+        "base_version": base,
+        "state": data["state"],
+        "badge": ROLLOUT_BADGES.get(data["state"], "neutral"),
+        "live": data["state"] in ROLLOUT_LIVE,
+        "pending": data["state"] == RolloutState.PENDING,
+        "running": data["state"] == RolloutState.RUNNING,
+        "paused": data["state"] == RolloutState.PAUSED,
+        "steps": steps,
+        "steps_text": ", ".join(f"{s}%" for s in steps),
+        "step_number": step + 1,
+        "step_count": len(steps),
+        "step_percent": steps[step] if steps else 0,
+        "percent": data["percent"],
+        "step_seconds": data["step_seconds"],
+        "step_duration": _duration(data["step_seconds"]),
+        "step_elapsed": _duration(data["step_elapsed"]),
+        "max_error_rate": _percent(data["max_error_rate"]),
+        "max_p99_ratio": _number(data["max_p99_ratio"], "g", "x"),
+        "min_requests": data["min_requests"],
+        "promotion": data["promotion"],
+        "started_by": data["started_by"],
+        "created_at": _when(data["created_at"]),
+        "ended_at": _when(data["ended_at"]),
+        "end_reason": data["end_reason"],
+        "check": {
+            "checked_at": _when(check.get("checked_at")),
+            "step_number": int(check.get("step") or 0) + 1,
+            "elapsed": _duration(check.get("elapsed")),
+            "sides": [
+                _rollout_side(f"v{version} (candidate)", check.get("candidate")),
+                _rollout_side(f"v{base} (current)", check.get("current")),
+            ],
+            "waiting": check.get("waiting") or "",
+        }
+        if check
+        else None,
+    }
+
+
+def _alias_rollout(model: RegisteredModel, alias: Alias) -> dict[str, Any] | None:
+    """The alias's live rollout, else its last one, ready for the model page; None if it never had one."""
+    try:
+        return rollout_display(rollouts.rollout_current(model, alias.name))
+    except NotFound:
+        return None
+
+
+def _may_roll_out(request: HttpRequest) -> None:
+    """Refuse a viewer before reading the form (the service checks the role again)."""
+    if not has_role(request.user, Role.MAINTAINER):
+        raise PermissionDenied(rollouts.NEEDS_ROLE)
+
+
+def _rollout_anchor(model: RegisteredModel, alias: str) -> str:
+    return f"{reverse('ui:model', args=[model.name])}#rollout-{alias}"
+
+
+@login_required
+@require_POST
+def alias_rollout_start(request: HttpRequest, name: str, alias: str) -> HttpResponse:
+    """POST: start a stepped rollout of a candidate on the alias (maintainers); a protected alias asks for approval.
+
+    An empty optional box stands for the service's default.
+    """
+    model = get_object_or_404(RegisteredModel, name=name)
+    form = RolloutStartForm(request.POST)
+    try:
+        _may_roll_out(request)
+        if not form.is_valid():
+            raise _form_refusal(form)
+        data = form.cleaned_data
+        rollout = rollouts.rollout_start(
+            model=model,
+            alias_name=alias,
+            version_number=data["version"],
+            actor=actor_from_request(request),
+            steps=data["steps"],
+            step_seconds=data["step_seconds"],
+            max_error_rate=data["max_error_rate"],
+            max_p99_ratio=data["max_p99_ratio"],
+            min_requests=data["min_requests"],
+            reason=data["reason"],
+        )
+    except RegistryError as exc:
+        return _model_detail(request, model, error=exc.message, status=refusal(request, exc))
+    number = rollout.version.version
+    if rollout.promotion is not None:
+        messages.success(
+            request,
+            format_html(
+                '<a href="{}">Promotion request {}</a> opened: the stepped rollout of v{} on {} waits for another '
+                "approver to approve it, and starts then.",
+                reverse("ui:promotion", args=[rollout.promotion.pk]),
+                rollout.promotion.pk,
+                number,
+                f"'{alias}'",
+            ),
+        )
+    else:
+        messages.success(
+            request,
+            f"The rollout of v{number} on '{alias}' started: step 1 of {len(rollout.steps)}, {rollout.percent}% of "
+            "its requests; inference processes start splitting on their next pass.",
+        )
+    return redirect(_rollout_anchor(model, alias))
+
+
+def _rollout_change(
+    request: HttpRequest,
+    name: str,
+    alias: str,
+    change: Callable[..., AliasRollout],
+    done: Callable[[AliasRollout], str],
+) -> HttpResponse:
+    """Pause, resume or abort the alias's rollout (maintainers) with the reason given; ``done`` words the outcome."""
+    model = get_object_or_404(RegisteredModel, name=name)
+    form = ReasonForm(request.POST)
+    try:
+        _may_roll_out(request)
+        if not form.is_valid():
+            raise _form_refusal(form)
+        rollout = change(
+            model=model, alias_name=alias, actor=actor_from_request(request), reason=form.cleaned_data["reason"]
+        )
+    except RegistryError as exc:
+        return _model_detail(request, model, error=exc.message, status=refusal(request, exc))
+    messages.success(request, f"The rollout of v{rollout.version.version} on '{alias}' {done(rollout)}")
+    return redirect(_rollout_anchor(model, alias))
+
+
+def _paused(rollout: AliasRollout) -> str:
+    return (
+        f"is paused at {rollout.percent}% of its requests (step {rollout.step + 1} of {len(rollout.steps)}); "
+        "the step's clock stopped."
+    )
+
+
+def _resumed(rollout: AliasRollout) -> str:
+    return f"runs on: step {rollout.step + 1} of {len(rollout.steps)}, {rollout.percent}% of its requests."
+
+
+def _aborted(rollout: AliasRollout) -> str:
+    if rollout.promotion_id is not None and rollout.step_started_at is None:
+        return f"was aborted before it started; its promotion request {rollout.promotion_id} was cancelled."
+    return f"was aborted: every request goes to v{rollout.base_version.version} again."
+
+
+@login_required
+@require_POST
+def alias_rollout_pause(request: HttpRequest, name: str, alias: str) -> HttpResponse:
+    """POST: hold the candidate's share; the step's clock stops until resumed (maintainers)."""
+    return _rollout_change(request, name, alias, rollouts.rollout_pause, _paused)
+
+
+@login_required
+@require_POST
+def alias_rollout_resume(request: HttpRequest, name: str, alias: str) -> HttpResponse:
+    """POST: the paused step runs on from where it was (maintainers)."""
+    return _rollout_change(request, name, alias, rollouts.rollout_resume, _resumed)
+
+
+@login_required
+@require_POST
+def alias_rollout_abort(request: HttpRequest, name: str, alias: str) -> HttpResponse:
+    """POST: end the rollout, every request back to the current version; a pending one's request is cancelled."""
+    return _rollout_change(request, name, alias, rollouts.rollout_abort, _aborted)
 
 
 # --- Versions -----------------------------------------------------------------------------------------
@@ -833,14 +1058,21 @@ def _promotion_review(
     request: HttpRequest, promotion: PromotionRequest, *, error: str = "", status: int = 200
 ) -> HttpResponse:
     diff = None
-    if promotion.kind == PromotionKind.MOVE and promotion.version is not None and promotion.base_version is not None:
+    # A stepped rollout's last step moves the alias too: its candidate is reviewed as a move's is.
+    moves = promotion.kind in (PromotionKind.MOVE, PromotionKind.ROLLOUT)
+    if moves and promotion.version is not None and promotion.base_version is not None:
         diff = comparison(promotion.base_version, promotion.version, promotion.alias)
     since = promotions.review_window_start(promotion)
     grants = access_selectors.privileged_grant_list(since=since)
-    candidate = promotion.version if promotion.kind == PromotionKind.MOVE else None
+    candidate = promotion.version if moves else None
+    rollout = None
+    if promotion.kind == PromotionKind.ROLLOUT:
+        rollout = promotion.rollouts.select_related("alias__model", "version", "base_version", "started_by").first()
     context = {
         "promotion": promotion,
         "diff": diff,
+        # The rollout the request would start, with its steps and limits (None: not a rollout's request).
+        "rollout": rollout_display(rollout) if rollout is not None else None,
         "provenance": provenance.version_provenance(candidate) if candidate is not None else None,
         "signature_problem": provenance.signature_problem(promotion.alias, candidate)
         if candidate is not None

@@ -52,6 +52,7 @@ def world(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytes
     with world_for_module(django_db_blocker, tmp_path_factory.mktemp("required-fields-ui")) as made:
         with django_db_blocker.unblock():
             _shadow_staging(made)
+            _rollouts(made)
         yield made
 
 
@@ -60,6 +61,17 @@ def _shadow_staging(world: World) -> None:
     people = world.people
     ok(people["root"].patch(f"/api/v1/models/{MODEL}/aliases/staging", {"served": True}), 200)
     ok(put(people["mia"], f"/api/v1/models/{MODEL}/aliases/staging/shadow", {"version": 1}), 201)
+
+
+def _rollouts(world: World) -> None:
+    """The model page's rollout forms: 'canary' and 'held' (served, on v1) roll v2 out, running on canary (pause,
+    abort) and paused on held (resume); staging (served, on v2) has none, so it offers the start form."""
+    people = world.people
+    for alias in ("canary", "held"):
+        ok(put(people["mia"], f"/api/v1/models/{MODEL}/aliases/{alias}", {"version": 1}), 200)
+        ok(people["root"].patch(f"/api/v1/models/{MODEL}/aliases/{alias}", {"served": True}), 200)
+        ok(put(people["mia"], f"/api/v1/models/{MODEL}/aliases/{alias}/rollout", {"version": 2}), 201)
+    ok(people["mia"].post(f"/api/v1/models/{MODEL}/aliases/held/rollout/pause", {}), 200)
 
 
 @pytest.fixture(autouse=True)
@@ -108,6 +120,10 @@ POST_ONLY = {
     "ui:alias-signature",
     "ui:alias-shadow",
     "ui:alias-shadow-stop",
+    "ui:alias-rollout",
+    "ui:alias-rollout-pause",
+    "ui:alias-rollout-resume",
+    "ui:alias-rollout-abort",
     "ui:promotion-decide",
     "ui:token-revoke",
     "ui:user",
@@ -182,6 +198,41 @@ def _shadow_stopped(world: World, response: Any) -> None:
     """No reason given: stopped, for no reason but that."""
     shadow = world.read(f"/api/v1/models/{MODEL}/aliases/staging/shadow")
     assert (shadow["running"], shadow["ended_by"], shadow["end_reason"]) == (False, "mia", "stopped")
+
+
+def _rollout_started(world: World, response: Any) -> None:
+    """Only the version chosen (the select's first, v1), every other box empty: the defaults; audited."""
+    rollout = world.read(f"/api/v1/models/{MODEL}/aliases/staging/rollout")
+    assert (rollout["version"], rollout["base_version"], rollout["state"], rollout["started_by"]) == (
+        1,
+        2,
+        "running",
+        "mia",
+    )
+    settings = {
+        key: rollout[key] for key in ("steps", "step_seconds", "max_error_rate", "max_p99_ratio", "min_requests")
+    }
+    assert settings == {
+        "steps": [5, 25, 50, 100],
+        "step_seconds": 300,
+        "max_error_rate": 0.005,
+        "max_p99_ratio": 1.2,
+        "min_requests": 200,
+    }
+    events = world.read("/api/v1/audit?action=rollout.start")["results"]
+    assert (events[0]["actor"], events[0]["target"]) == ("mia", f"{MODEL}@staging")
+
+
+def _rollout_now(alias: str, state: str, action: str, reason: str) -> Check:
+    """The alias's rollout is in ``state``, and the change is audited as mia's with no reason given."""
+
+    def check(world: World, response: Any) -> None:
+        rollout = world.read(f"/api/v1/models/{MODEL}/aliases/{alias}/rollout")
+        assert (rollout["state"], rollout["end_reason"]) == (state, reason)
+        event = world.read(f"/api/v1/audit?action={action}")["results"][0]
+        assert (event["actor"], event["target"], event["after"]["reason"]) == ("mia", f"{MODEL}@{alias}", reason)
+
+    return check
 
 
 def _version_cleared(world: World, response: Any) -> None:
@@ -274,8 +325,54 @@ FORMS: dict[str, Submit] = {
         f"/ui/models/{MODEL}",
         copy=lambda w: "/aliases/staging/",
     ),
-    "ui:alias-shadow": Submit("ui:model", "mia", 302, _shadow_replaced, f"/ui/models/{MODEL}#shadow-staging"),
-    "ui:alias-shadow-stop": Submit("ui:model", "mia", 302, _shadow_stopped, f"/ui/models/{MODEL}#shadow-staging"),
+    "ui:alias-shadow": Submit(
+        "ui:model",
+        "mia",
+        302,
+        _shadow_replaced,
+        f"/ui/models/{MODEL}#shadow-staging",
+        copy=lambda w: "/aliases/staging/",
+    ),
+    "ui:alias-shadow-stop": Submit(
+        "ui:model",
+        "mia",
+        302,
+        _shadow_stopped,
+        f"/ui/models/{MODEL}#shadow-staging",
+        copy=lambda w: "/aliases/staging/",
+    ),
+    "ui:alias-rollout": Submit(
+        "ui:model",
+        "mia",
+        302,
+        _rollout_started,
+        f"/ui/models/{MODEL}#rollout-staging",
+        copy=lambda w: "/aliases/staging/",
+    ),
+    "ui:alias-rollout-pause": Submit(
+        "ui:model",
+        "mia",
+        302,
+        _rollout_now("canary", "paused", "rollout.pause", ""),
+        f"/ui/models/{MODEL}#rollout-canary",
+        copy=lambda w: "/aliases/canary/",
+    ),
+    "ui:alias-rollout-resume": Submit(
+        "ui:model",
+        "mia",
+        302,
+        _rollout_now("held", "running", "rollout.resume", ""),
+        f"/ui/models/{MODEL}#rollout-held",
+        copy=lambda w: "/aliases/held/",
+    ),
+    "ui:alias-rollout-abort": Submit(
+        "ui:model",
+        "mia",
+        302,
+        _rollout_now("canary", "aborted", "rollout.abort", "aborted"),
+        f"/ui/models/{MODEL}#rollout-canary",
+        copy=lambda w: "/aliases/canary/",
+    ),
     "ui:version": Submit("ui:version", "mia", 302, _version_cleared, f"/ui/models/{MODEL}/versions/1"),
     "ui:upload": Submit(
         "ui:upload",
