@@ -57,7 +57,11 @@ def test_derive_and_benchmarks_from_the_command_line(live: LiveServer):
 
     [bench] = eventually(measured, timeout=180, interval=1.0)
     assert bench["provider"] == "CPUExecutionProvider"
-    assert bench["numbers"]["p50_ms"] > 0 and set(bench["numbers"]["throughput"]) == {"8", "32"}
+    # Dynamic int8 quantizes each run's activations with one scale, so the rows of a batch can move each
+    # other's outputs; where validation's batching check measures that on this CPU, the version is served a
+    # request per run and is measured without batched throughput.
+    batches = {"8", "32"} if version["batching"]["merges"] else set()
+    assert bench["numbers"]["p50_ms"] > 0 and set(bench["numbers"]["throughput"]) == batches, version["batching"]
     table = run("benchmarks", "scores", "2").stdout.splitlines()
     assert table[0].split() == ["PROVIDER", "STATUS", "P50", "MS", "P99", "MS", "THROUGHPUT", "NOTE"]
     assert table[1].startswith("CPUExecutionProvider  succeeded")
