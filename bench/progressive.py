@@ -263,7 +263,7 @@ def report(result: dict[str, Any]) -> None:
     for clients, rounds in result["series"].items():
         for index, r in enumerate(rounds, 1):
             without = (r["before"]["rate"] + r["after"]["rate"]) / 2
-            out = next(iter(r["report"]["outputs"].values()), {})
+            out: dict[str, Any] = next(iter(r["report"]["outputs"].values()), {})
             dropped = ", ".join(f"{k} {v}" for k, v in r["report"]["dropped_by_reason"].items()) or "0"
             print(
                 f"| {clients} | {index} | {without:.1f} | {r['shadowed']['rate']:.1f} | {r['ratio']:.3f} "
