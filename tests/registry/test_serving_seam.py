@@ -105,6 +105,9 @@ def test_a_worker_report_is_written_as_json_and_read_back_as_the_same_rows():
         "batching": None,
         "batching_reason": "",
         "traffic": [],
+        "totals": {"requests": 0, "errors": 0, "latency": {}},
+        "splits": {},
+        "shadows": [],
     }
     [worker] = serving.fleet_list()
     assert worker.loaded == rows
