@@ -174,9 +174,13 @@ def _run(args: argparse.Namespace, work: Path, servers: list[Server]) -> dict[st
         rounds = []
         for _ in range(args.rounds):
             before = phase([inference.port], clients, body_bytes, expected, args.phase_seconds)
-            shadow_on()
-            shadowed = phase([inference.port], clients, body_bytes, expected, args.phase_seconds)
-            reports.append(shadow_off())
+            if args.control:  # the same three phases with no shadow at all: the noise floor of the ratio
+                shadowed = phase([inference.port], clients, body_bytes, expected, args.phase_seconds)
+                reports.append({"report": {"compared": 0, "dropped_by_reason": {}, "outputs": {}}})
+            else:
+                shadow_on()
+                shadowed = phase([inference.port], clients, body_bytes, expected, args.phase_seconds)
+                reports.append(shadow_off())
             after = phase([inference.port], clients, body_bytes, expected, args.phase_seconds)
             baseline = (before["rate"] + after["rate"]) / 2
             rounds.append(
@@ -305,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase-seconds", type=float, default=10.0)
     parser.add_argument("--clients", type=lambda text: [int(c) for c in text.split(",")], default=[1, 4])
     parser.add_argument("--sample", type=float, default=0.1)
+    parser.add_argument("--control", action="store_true", help="no shadow in the middle phase (an A/A run)")
     parser.add_argument("--canary-requests", type=int, default=10_000)
     parser.add_argument("--canary-percent", type=int, default=10)
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "progressive.json")

@@ -1197,6 +1197,33 @@ def _without_notice(note: str, notice: str) -> str:
     return note
 
 
+SHARE_WINDOW_SECONDS = 60
+
+
+def split_shares(item: serving.LoadedRow, worker: serving.FleetWorker) -> list[tuple[str, int, str]]:
+    """(alias, percent, measured) for each rollout split a version takes part in on this worker.
+
+    ``measured`` is the candidate's share of the requests the two versions answered in the last minute
+    of the worker's figures (both count every request they answered, through the alias or not).
+    """
+    shares = []
+    since = worker.heartbeat_at.timestamp() - SHARE_WINDOW_SECONDS
+
+    def recent(row: serving.LoadedRow) -> int:
+        return sum(b.requests for b in row.traffic if b.start + b.seconds > since)
+
+    for alias, percent in sorted(item.splits.items()):
+        current = next((r for r in worker.loaded if r.model == item.model and alias in r.aliases), None)
+        mine, theirs = recent(item), recent(current) if current is not None else 0
+        measured = (
+            f"measured {mine / (mine + theirs):.1%} of the last minute's {mine + theirs} requests"
+            if mine + theirs
+            else "no requests in the last minute"
+        )
+        shares.append((alias, percent, measured))
+    return shares
+
+
 @login_required
 def fleet_index(request: HttpRequest) -> HttpResponse:
     hosts: dict[str, dict[str, Any]] = {}
@@ -1213,6 +1240,7 @@ def fleet_index(request: HttpRequest) -> HttpResponse:
                     item,
                     _without_notice(item.note, worker.notice),
                     traffic_charts(item.traffic, until=worker.heartbeat_at),
+                    split_shares(item, worker),
                 )
                 for item in worker.loaded
             ],

@@ -112,6 +112,43 @@ def test_fleet_page_draws_each_versions_traffic():
     )
 
 
+def test_fleet_page_shows_a_canarys_share_and_a_shadow():
+    now = timezone.now().timestamp() // 10 * 10
+    old = now - 600  # past the minute the share is measured over
+
+    def buckets(*counts: tuple[float, int]) -> tuple[TrafficBucket, ...]:
+        return tuple(
+            TrafficBucket(start=s, seconds=10, requests=n, errors=0, p50_ms=1.0, p99_ms=2.0) for s, n in counts
+        )
+
+    serving.worker_heartbeat(
+        report(
+            "w1",
+            LoadedRow(
+                model="demo",
+                version=2,
+                state=LoadState.READY,
+                aliases=("production",),
+                traffic=buckets((old, 500), (now - 20, 270), (now - 10, 180)),
+            ),
+            LoadedRow(
+                model="demo",
+                version=3,
+                state=LoadState.READY,
+                splits={"production": 10},
+                traffic=buckets((now - 20, 30), (now - 10, 20)),
+            ),
+            LoadedRow(model="demo", version=4, state=LoadState.READY, shadows=("production",)),
+        )
+    )
+    html = login_person("vic", Role.VIEWER).client.get("/ui/fleet").content.decode()
+    assert (
+        '<div class="small" data-split="production">canary: 10% of production\'s requests '
+        '<span class="muted">(measured 10.0% of the last minute&#x27;s 500 requests)</span></div>'
+    ) in html
+    assert '<div class="small muted" data-shadow="production">shadow of production</div>' in html
+
+
 NO_CUDA = (
     "this ONNX Runtime build has no CUDA provider (onnxruntime 1.0, the CPU wheel, is installed; install "
     "modelyard[gpu])"
