@@ -6,6 +6,7 @@ Process groups are killed with ``modelyard.processes.kill_group``, the helper th
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -55,3 +56,52 @@ def stop_process(process: subprocess.Popen[Any] | None, sig: int = signal.SIGTER
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU seconds (user + system) used so far by the live processes of process group ``pgid`` (Linux)."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid:  # fields after the name: state, ppid, pgrp, ..., utime (12), stime (13)
+            total += int(fields[11]) + int(fields[12])
+    return total / CLOCK_TICKS
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (all cores, everything but idle and iowait)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / CLOCK_TICKS
+
+
+class CpuMeter:
+    """Where the CPU went between :meth:`start` and :meth:`stop`: each named process group, this
+    process (the load clients), and the rest of the machine (the database, anything else)."""
+
+    def __init__(self, groups: dict[str, int]) -> None:
+        self.groups = groups
+        self._start: dict[str, float] = {}
+
+    def _read(self) -> dict[str, float]:
+        times = os.times()
+        reading = {name: group_cpu_seconds(pgid) for name, pgid in self.groups.items()}
+        reading["bench"] = times.user + times.system
+        reading["machine"] = machine_busy_seconds()
+        return reading
+
+    def start(self) -> None:
+        self._start = self._read()
+
+    def stop(self) -> dict[str, float]:
+        end = self._read()
+        used = {name: round(end[name] - self._start[name], 2) for name in end}
+        used["other"] = round(used["machine"] - sum(v for k, v in used.items() if k != "machine"), 2)
+        return used

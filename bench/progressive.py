@@ -1,6 +1,6 @@
 """Progressive delivery benchmark: what a shadow costs the primary, and where a canary's requests land.
 
-    .venv/bin/python bench/progressive.py [--rounds 3] [--phase-seconds 10] [--clients 1,4] [--sample 0.1]
+    .venv/bin/python bench/progressive.py [--rounds 5] [--phase-seconds 8] [--clients 1,4] [--sample 0.1]
         [--canary-requests 10000] [--canary-percent 10]
 
 What it does, all on 127.0.0.1 and cleaned up afterwards (the database and processes of
@@ -9,11 +9,15 @@ What it does, all on 127.0.0.1 and cleaned up afterwards (the database and proce
 1. builds v2 of all-MiniLM-L6-v2 (``../shared/models/minilm-l6/model.onnx``) by adding 0.001 to its
    embedding, so the shadow's report must say: max absolute difference 0.001, cosine just under 1;
 2. starts the registry and one ``modelyard serve --role inference`` process (CPU, ORT's default
-   threads: every core), uploads both versions and points ``production`` at v1;
+   threads: every core), uploads both versions, points ``production`` at v1 and a served
+   ``staging`` alias at v2, so that v2 is loaded, idle, in every phase: what differs between the
+   phases is the shadow alone, not a load or an unload;
 3. for each client count, and for each round, measures production's throughput (batch-1 requests,
    sequence length 32, keep-alive clients without pause) for ``--phase-seconds`` without a shadow,
    then with v2 shadowing at ``--sample``, then without again: the ratio of the shadowed phase to
-   the mean of the two around it is the cost, every number from the same run;
+   the mean of the two around it is the cost, every number from the same run. Each phase also
+   records where the machine's CPU went (the inference process, the registry, the load clients,
+   the rest), since on a shared machine the phases' rates move with everything else it runs;
 4. reads the shadow report back (compared, dropped by reason, max abs diff, cosine p1);
 5. starts a rollout of v2 at ``--canary-percent`` (one step held for the run, limits that cannot
    trip) and sends ``--canary-requests`` requests without a routing key, then as many with a key
@@ -35,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import run_in_workdir
+from common import CpuMeter, run_in_workdir
 from swap import (
     MODEL,
     MODEL_PATH,
@@ -56,6 +60,7 @@ from swap import (
 ROOT = Path(__file__).resolve().parent.parent
 OFFSET = 0.001
 SHADOW = f"/api/v1/models/{MODEL}/aliases/production/shadow"
+STAGING = f"/api/v1/models/{MODEL}/aliases/staging"
 
 
 def write_offset(source: Path, target: Path, offset: float = OFFSET) -> None:
@@ -76,14 +81,23 @@ def write_offset(source: Path, target: Path, offset: float = OFFSET) -> None:
     onnx.save(model, str(target))
 
 
-def phase(load_ports: list[int], clients: int, body: bytes, expected: dict[str, list[float]], seconds: float) -> dict:
+def phase(
+    load_ports: list[int],
+    clients: int,
+    body: bytes,
+    expected: dict[str, list[float]],
+    seconds: float,
+    meter: CpuMeter,
+) -> dict:
     load = Load(load_ports, clients, body, expected)
     load.start()
     time.sleep(1.0)  # connections opened, the first requests past
     start_index = len(load.snapshot())
     started = time.monotonic()
+    meter.start()
     time.sleep(seconds)
     answers = load.snapshot()[start_index:]
+    cpu = meter.stop()
     elapsed = time.monotonic() - started
     load.stop()
     ok = [a for a in answers if a.status == 200 and a.correct]
@@ -95,6 +109,7 @@ def phase(load_ports: list[int], clients: int, body: bytes, expected: dict[str, 
         "rate": len(ok) / elapsed,
         "p50_ms": latencies[len(latencies) // 2] if latencies else None,
         "p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] if latencies else None,
+        "cpu_seconds": cpu,  # where the machine's CPU went during the phase (bench: the load clients)
     }
 
 
@@ -120,8 +135,12 @@ def _run(args: argparse.Namespace, work: Path, servers: list[Server]) -> dict[st
     web = Server("web", "web", web_env, work, "--migrate")
     servers.append(web)
     web.wait("/api/v1/fleet", {401, 403})
-    pending = [createtoken(web_env, "alice", "maintainer"), createtoken(web_env, "bob", "approver")]
-    alice, bob = (token_of(p) for p in pending)
+    pending = [
+        createtoken(web_env, "alice", "maintainer"),
+        createtoken(web_env, "bob", "approver"),
+        createtoken(web_env, "root", "admin"),
+    ]
+    alice, bob, admin = (token_of(p) for p in pending)
     assert request(web.port, "POST", "/api/v1/models", alice, {"name": MODEL})[0] == 201
     for number in (upload(web.port, alice, MODEL_PATH), upload(web.port, alice, v2_path)):
         deadline = time.monotonic() + 300
@@ -144,28 +163,44 @@ def _run(args: argparse.Namespace, work: Path, servers: list[Server]) -> dict[st
         MODELYARD_SIGNING_KEY=str(work / "web" / "signing-key.pem"),
         MODELYARD_RECONCILE_POLL_SECONDS="1",
         MODELYARD_FLEET_HEARTBEAT_SECONDS="1",
+        MODELYARD_ORT_SPINNING=args.ort_spinning,
     )
     inference = Server("inf-1", "inference", env, work)
     servers.append(inference)
     inference.wait("/v2/health/ready", {200})
     body_bytes = infer_body(tokens)
+    meter = CpuMeter({"inference": inference.process.pid, "web": web.process.pid})  # each its own session
+    status, staged = request(web.port, "PUT", STAGING, alice, {"version": 2})
+    assert status in (200, 201), staged
+    status, staged = request(web.port, "PATCH", STAGING, admin, {"served": True})  # an admin's flag
+    assert status == 200, staged
+
+    def v2_row(fleet: Any) -> dict[str, Any] | None:
+        rows = [r for w in fleet for r in w["loaded"] if r["version"] == 2 and r["state"] == "ready"]
+        return rows[0] if rows else None
+
+    def wait_fleet(what: str, done: Any) -> None:
+        deadline = time.monotonic() + 120
+        while True:  # the inference process reports what it serves with each heartbeat
+            status, fleet = request(web.port, "GET", "/api/v1/fleet", alice)
+            if status == 200 and done(v2_row(fleet)):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} never showed in the fleet report")
+            time.sleep(0.2)
+
+    wait_fleet("v2 loaded for staging", lambda row: row is not None)
 
     def shadow_on() -> None:
         status, started = request(web.port, "PUT", SHADOW, alice, {"version": 2, "sample": args.sample})
         assert status == 201, started
-        deadline = time.monotonic() + 120
-        while True:  # the candidate is loaded once it is in the fleet report
-            status, fleet = request(web.port, "GET", "/api/v1/fleet", alice)
-            if status == 200 and any(r["version"] == 2 and r["state"] == "ready" for w in fleet for r in w["loaded"]):
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError("the shadow's candidate never loaded")
-            time.sleep(0.2)
+        wait_fleet("the shadow", lambda row: row is not None and "production" in row["shadows"])
 
     def shadow_off() -> dict[str, Any]:
         status, ended = request(web.port, "DELETE", SHADOW, alice)
         assert status == 200, ended
-        time.sleep(2.5)  # the last heartbeat's counts, and the candidate released
+        wait_fleet("the shadow's end", lambda row: row is not None and not row["shadows"])
+        time.sleep(1.5)  # the heartbeat after the end carries the last counts
         return request(web.port, "GET", SHADOW, alice)[1]
 
     series: dict[str, list[dict[str, Any]]] = {}
@@ -173,15 +208,15 @@ def _run(args: argparse.Namespace, work: Path, servers: list[Server]) -> dict[st
     for clients in args.clients:
         rounds = []
         for _ in range(args.rounds):
-            before = phase([inference.port], clients, body_bytes, expected, args.phase_seconds)
+            before = phase([inference.port], clients, body_bytes, expected, args.phase_seconds, meter)
             if args.control:  # the same three phases with no shadow at all: the noise floor of the ratio
-                shadowed = phase([inference.port], clients, body_bytes, expected, args.phase_seconds)
+                shadowed = phase([inference.port], clients, body_bytes, expected, args.phase_seconds, meter)
                 reports.append({"report": {"compared": 0, "dropped_by_reason": {}, "outputs": {}}})
             else:
                 shadow_on()
-                shadowed = phase([inference.port], clients, body_bytes, expected, args.phase_seconds)
+                shadowed = phase([inference.port], clients, body_bytes, expected, args.phase_seconds, meter)
                 reports.append(shadow_off())
-            after = phase([inference.port], clients, body_bytes, expected, args.phase_seconds)
+            after = phase([inference.port], clients, body_bytes, expected, args.phase_seconds, meter)
             baseline = (before["rate"] + after["rate"]) / 2
             rounds.append(
                 {
@@ -197,6 +232,8 @@ def _run(args: argparse.Namespace, work: Path, servers: list[Server]) -> dict[st
     canary = measure_canary(args, web.port, inference.port, alice, bob, body_bytes, expected)
     return {
         "sample": args.sample,
+        "control": args.control,
+        "ort_spinning": args.ort_spinning,
         "offset": OFFSET,
         "phase_seconds": args.phase_seconds,
         "series": series,
@@ -258,19 +295,26 @@ def measure_canary(
     }
 
 
+def cpu_per_request(phase: dict[str, Any]) -> float:
+    """Milliseconds of the inference process's CPU per request answered in the phase."""
+    return 1000 * phase["cpu_seconds"]["inference"] / max(1, phase["requests"])
+
+
 def report(result: dict[str, Any]) -> None:
     print(f"shadow at sample {result['sample']} (v2 = v1 + {result['offset']}), {result['phase_seconds']} s phases")
     print(
-        "| clients | round | without req/s | shadowed req/s | ratio | mirrored | dropped | max abs diff | cosine p1 |"
+        "| clients | round | without req/s | shadowed req/s | ratio | inference CPU ms/req | mirrored | dropped "
+        "| max abs diff | cosine p1 |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for clients, rounds in result["series"].items():
         for index, r in enumerate(rounds, 1):
             without = (r["before"]["rate"] + r["after"]["rate"]) / 2
             out: dict[str, Any] = next(iter(r["report"]["outputs"].values()), {})
             dropped = ", ".join(f"{k} {v}" for k, v in r["report"]["dropped_by_reason"].items()) or "0"
+            cpu = " / ".join(f"{cpu_per_request(r[p]):.2f}" for p in ("before", "shadowed", "after"))
             print(
-                f"| {clients} | {index} | {without:.1f} | {r['shadowed']['rate']:.1f} | {r['ratio']:.3f} "
+                f"| {clients} | {index} | {without:.1f} | {r['shadowed']['rate']:.1f} | {r['ratio']:.3f} | {cpu} "
                 f"| {r['report']['compared']} | {dropped} | {out.get('max_abs_diff')} | {out.get('cosine_p1')} |"
             )
         ratios = [r["ratio"] for r in rounds]
@@ -305,10 +349,16 @@ def passed(result: dict[str, Any]) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--phase-seconds", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--phase-seconds", type=float, default=8.0)
     parser.add_argument("--clients", type=lambda text: [int(c) for c in text.split(",")], default=[1, 4])
     parser.add_argument("--sample", type=float, default=0.1)
+    parser.add_argument(
+        "--ort-spinning",
+        choices=["true", "false"],
+        default="true",
+        help="the inference process's MODELYARD_ORT_SPINNING (its default: true)",
+    )
     parser.add_argument("--control", action="store_true", help="no shadow in the middle phase (an A/A run)")
     parser.add_argument("--canary-requests", type=int, default=10_000)
     parser.add_argument("--canary-percent", type=int, default=10)

@@ -14,9 +14,12 @@ and counted by reason, rather than allowed to compete with the primary:
 - ``queue_full``: ``MODELYARD_SHADOW_QUEUE_SIZE`` requests are already waiting to be mirrored;
 - ``busy``: the primary's batcher has requests waiting (checked when offered and again before the
   mirror runs), or the candidate's has;
-- ``budget``: the shadow's runs have taken ``MODELYARD_SHADOW_MAX_COST`` (0.05) of the time the
-  primary spent answering the alias's requests in this process; so a candidate as costly as the
-  primary, mirrored at a sample of 0.1, runs about half the sampled requests;
+- ``budget``: the candidate's runs for this shadow have taken ``MODELYARD_SHADOW_MAX_COST`` (0.05)
+  of the time the primary's ONNX Runtime runs took in this process since the shadow started here
+  (``VersionStats.busy_ns``: each run once, however many requests it merged, and no time spent
+  waiting); so a candidate as costly as the primary, mirrored at a sample of 0.1, runs about half
+  the sampled requests, and the shadow costs the primary at most about that share of its throughput
+  when the CPU is the limit;
 - ``unloaded``: the candidate was released meanwhile (the shadow ended or changed).
 
 Each mirrored request is compared (``onnxkit.agreement.Tally``); the runtime reports the tallies with
@@ -41,6 +44,7 @@ from django.conf import settings
 from inference import metrics
 from inference.loaded import LoadedVersion, NotLoaded
 from inference.protocol import InferRequest
+from inference.statistics import VersionStats
 from onnxkit.agreement import Tally
 from registry.serving import ShadowSpec, ShadowTallyRow
 
@@ -62,9 +66,22 @@ class ShadowRoute:
 
 
 @dataclass
+class _Budget:
+    """One shadow's spending against one primary version in this process (event loop only)."""
+
+    primary: VersionStats  # the primary's counters (a reload starts new ones, and a new budget)
+    primary_from_ns: int  # its busy time when the shadow first saw it
+    spent_ns: int = 0  # the candidate's run time for this shadow since
+
+    def exhausted(self, share: float) -> bool:
+        return self.spent_ns > share * (self.primary.busy_ns - self.primary_from_ns)
+
+
+@dataclass
 class _Mirror:
     route: ShadowRoute
     primary: LoadedVersion
+    budget: _Budget
     request: InferRequest
     outputs: dict[str, np.ndarray] | None
     seconds: float
@@ -88,9 +105,7 @@ class ShadowRunner:
         self._tallies: dict[int, Tally] = {}
         self._dirty: set[int] = set()
         self._random = random.Random()
-        # Seconds the primaries spent on requests offered here, and the shadows on their runs (event loop only).
-        self._primary_seconds = 0.0
-        self._shadow_seconds = 0.0
+        self._budgets: dict[tuple[int, int], _Budget] = {}  # (shadow, primary version id) -> spending
 
     def attach(self, run: Any) -> None:
         self._run = run
@@ -108,21 +123,29 @@ class ShadowRunner:
     ) -> None:
         """Mirror this request with probability ``route.spec.sample``, unless the process is busy; never raises."""
         try:
-            self._primary_seconds += seconds
+            budget = self._budget(route.spec.shadow_id, primary)
             if self._run is None or self._random.random() >= route.spec.sample:
                 return
             if primary.batcher.queued:
                 self._drop(route, "busy")
                 return
-            if self._shadow_seconds > settings.SHADOW_MAX_COST * self._primary_seconds:
+            if budget.exhausted(settings.SHADOW_MAX_COST):
                 self._drop(route, "budget")
                 return
             queue = self._ensure_started()
-            queue.put_nowait(_Mirror(route, primary, request, outputs, seconds, error))
+            queue.put_nowait(_Mirror(route, primary, budget, request, outputs, seconds, error))
         except asyncio.QueueFull:
             self._drop(route, "queue_full")
         except Exception:
             logger.exception("offering a request to the shadow of %s@%s failed", route.model, route.alias)
+
+    def _budget(self, shadow_id: int, primary: LoadedVersion) -> _Budget:
+        """The shadow's spending against this primary, counted from the first request it offers here."""
+        key = (shadow_id, primary.spec.version_id)
+        budget = self._budgets.get(key)
+        if budget is None or budget.primary is not primary.stats:
+            budget = self._budgets[key] = _Budget(primary.stats, primary.stats.busy_ns)
+        return budget
 
     def _ensure_started(self) -> asyncio.Queue[_Mirror]:
         if self._queue is None or self._task is None or self._task.done():
@@ -151,6 +174,7 @@ class ShadowRunner:
         except NotLoaded:
             self._drop(route, "unloaded")
             return
+        busy_from = candidate.stats.busy_ns
         started = self._clock()
         outputs: dict[str, np.ndarray] | None = None
         error = ""
@@ -163,7 +187,9 @@ class ShadowRunner:
         finally:
             candidate.release()
         seconds = self._clock() - started
-        self._shadow_seconds += seconds
+        ran_ns = candidate.stats.busy_ns - busy_from
+        # A failed run is not in the candidate's counters: it is charged all the time it took.
+        job.budget.spent_ns += ran_ns if ran_ns > 0 else round(seconds * 1e9)
         tally = self._tally(route.spec.shadow_id)
         with self._lock:
             tally.record(
@@ -204,6 +230,9 @@ class ShadowRunner:
             rows = tuple(ShadowTallyRow(i, copy.deepcopy(self._tallies[i].as_json())) for i in ids)
             for shadow_id in [i for i in self._tallies if i not in running and i not in self._dirty]:
                 del self._tallies[shadow_id]
+            # The budgets are the event loop's; a key read here at worst outlives its shadow by a beat.
+            for key in [k for k in list(self._budgets) if k[0] not in running]:
+                self._budgets.pop(key, None)
             self._dirty.clear()
         return rows
 

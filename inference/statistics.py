@@ -27,6 +27,7 @@ class VersionStats:
 
     __slots__ = (
         "batches",
+        "busy_ns",
         "compute_infer_ns",
         "compute_input_ns",
         "compute_output_ns",
@@ -57,6 +58,7 @@ class VersionStats:
         self.inference_count = 0  # rows of those requests (a batch-4 request is 4 inferences)
         self.execution_count = 0  # ONNX Runtime runs
         self.batches: dict[int, list[int]] = {}  # rows in a run -> [runs, input ns, infer ns, output ns]
+        self.busy_ns = 0  # time spent in those runs, once per run (what a shadow's cost is measured against)
 
     # --- writers ---------------------------------------------------------------------------------------
 
@@ -86,6 +88,7 @@ class VersionStats:
         self.compute_output_ns += output_ns * requests
         self.inference_count += rows
         self.execution_count += 1
+        self.busy_ns += input_ns + infer_ns + output_ns
         by_size = self.batches.get(rows)
         if by_size is None:
             by_size = self.batches[rows] = [0, 0, 0, 0]

@@ -3,9 +3,10 @@
 """The shadow runner's limits: it drops work, and counts why, rather than ever holding up the primary.
 
 The runner is driven on a real event loop with stand-ins for the two loaded versions (a batcher's
-queue length, acquire and release are all it reads of them) and a run function of the test's own;
-its clock is the test's, so the cost budget is exact. The end-to-end behaviour, with real inference
-processes and real ONNX Runtime sessions, is in ``test_shadow_processes.py``.
+queue length, the run-time counters, acquire and release are all it reads of them) and a run
+function of the test's own, which moves those counters and the runner's clock: the cost budget is
+exact. The end-to-end behaviour, with real inference processes and real ONNX Runtime sessions, is
+in ``test_shadow_processes.py``.
 """
 
 from __future__ import annotations
@@ -19,16 +20,19 @@ import pytest
 
 from inference.loaded import NotLoaded
 from inference.shadow import SHADOW_PRIORITY, ShadowRoute, ShadowRunner
+from inference.statistics import VersionStats
 from registry.serving import ShadowSpec
 
 OUTPUTS = {"y": np.arange(8, dtype=np.float32).reshape(2, 4)}
 
 
 class Version:
-    """What the runner reads of a loaded version: its batcher's queue, and acquire/release."""
+    """What the runner reads of a loaded version: its batcher's queue, its run time, and acquire/release."""
 
-    def __init__(self, *, queued: int = 0, unloaded: bool = False) -> None:
+    def __init__(self, *, queued: int = 0, unloaded: bool = False, version_id: int = 1) -> None:
         self.batcher = SimpleNamespace(queued=queued)
+        self.spec = SimpleNamespace(version_id=version_id)
+        self.stats = VersionStats()
         self.unloaded = unloaded
         self.held = 0
 
@@ -70,30 +74,85 @@ def cheap_budget(settings: Any) -> Any:
     return settings
 
 
-def test_the_cost_budget_drops_what_would_take_more_than_its_share_of_the_primarys_time(settings):
+def test_the_cost_budget_drops_what_would_take_more_than_its_share_of_the_primarys_run_time(settings):
     settings.SHADOW_MAX_COST = 0.5
     settings.SHADOW_QUEUE_SIZE = 16
     clock = Clock()
     runner = ShadowRunner(clock=clock)
-    primary, candidate = Version(), Version()
+    primary, candidate = Version(), Version(version_id=2)
 
     async def run(loaded: Any, request: Any, priority: int) -> dict[str, np.ndarray]:
         assert loaded is candidate and priority == SHADOW_PRIORITY
-        clock.now += 0.010  # each mirrored run costs as much as a primary answer
+        candidate.stats.batch_done(1, 1, 0, 0, 10_000_000, 0)  # each mirrored run takes as long as a primary's
+        clock.now += 0.030  # and three times that on the clock: waiting is not what the budget counts
         return OUTPUTS
 
     runner.attach(run)
 
     async def scenario() -> None:
         for _ in range(40):
+            primary.stats.batch_done(1, 1, 5_000_000, 0, 10_000_000, 0)  # the primary's run for this request
+            runner.offer(route(candidate), primary, SimpleNamespace(), OUTPUTS, 0.050)  # its latency: not counted
+            await drain()
+
+    asyncio.run(scenario())
+    tally = counts(runner)
+    # Counted from the first offer (the primary's runs after it): every other sampled request runs.
+    assert tally["requests"] == 20 and tally["dropped"] == {"budget": 20}
+    assert tally["compared"] == 20 and candidate.held == 0
+
+
+def test_a_failing_candidate_run_is_charged_all_the_time_it_took(settings):
+    settings.SHADOW_MAX_COST = 0.5
+    settings.SHADOW_QUEUE_SIZE = 16
+    clock = Clock()
+    runner = ShadowRunner(clock=clock)
+    primary, candidate = Version(), Version(version_id=2)
+
+    async def run(loaded: Any, request: Any, priority: int) -> dict[str, np.ndarray]:
+        clock.now += 0.040  # a failed run leaves the candidate's counters as they were
+        raise RuntimeError("out of memory")
+
+    runner.attach(run)
+
+    async def scenario() -> None:
+        for _ in range(8):
+            primary.stats.batch_done(1, 1, 0, 0, 10_000_000, 0)
             runner.offer(route(candidate), primary, SimpleNamespace(), OUTPUTS, 0.010)
             await drain()
 
     asyncio.run(scenario())
     tally = counts(runner)
-    # Half the primary's time (0.2 s of 0.4 s) and the run that went past it: 21 of the 40 sampled requests.
-    assert tally["requests"] == 21 and tally["dropped"] == {"budget": 19}
-    assert tally["compared"] == 21 and candidate.held == 0
+    # 40 ms charged per failure against 5 ms earned per primary run: the 1st and the 9th would run.
+    assert tally["requests"] == 1 and tally["dropped"] == {"budget": 7}
+    assert tally["candidate"]["errors"] == 1
+
+
+def test_a_reloaded_primary_starts_a_new_budget(settings):
+    settings.SHADOW_MAX_COST = 0.5
+    settings.SHADOW_QUEUE_SIZE = 16
+    runner = ShadowRunner()
+    before, candidate = Version(), Version(version_id=2)
+
+    async def run(loaded: Any, request: Any, priority: int) -> dict[str, np.ndarray]:
+        candidate.stats.batch_done(1, 1, 0, 0, 10_000_000, 0)
+        return OUTPUTS
+
+    runner.attach(run)
+
+    async def scenario() -> None:
+        before.stats.batch_done(1, 1, 0, 0, 1_000_000_000, 0)  # a second of runs on the first load
+        runner.offer(route(candidate), before, SimpleNamespace(), OUTPUTS, 0.010)
+        await drain()
+        after = Version()  # the same version loaded again: its counters start at zero
+        for _ in range(3):
+            runner.offer(route(candidate), after, SimpleNamespace(), OUTPUTS, 0.010)
+            await drain()
+
+    asyncio.run(scenario())
+    tally = counts(runner)
+    # The new load has run nothing yet: its first offer runs (nothing spent), the next two are over budget.
+    assert tally["requests"] == 2 and tally["dropped"] == {"budget": 2}
 
 
 def test_a_full_queue_a_busy_primary_and_an_unloaded_candidate_drop_and_count(cheap_budget, settings):
