@@ -228,6 +228,11 @@ class Batcher:
         return len(self._queue) + len(self._filling)
 
     @property
+    def running(self) -> int:
+        """Batches on their way: running on a thread, or being gathered to run."""
+        return self._running
+
+    @property
     def started(self) -> bool:
         """Whether a request ever came (and so the batcher has a loop to close on)."""
         return self._loop is not None

@@ -12,8 +12,10 @@ candidate's own batcher, behind any request of its own (lowest priority). Shadow
 and counted by reason, rather than allowed to compete with the primary:
 
 - ``queue_full``: ``MODELYARD_SHADOW_QUEUE_SIZE`` requests are already waiting to be mirrored;
-- ``busy``: the primary's batcher has requests waiting (checked when offered and again before the
-  mirror runs), or the candidate's has;
+- ``busy``: the primary's batcher has requests waiting or a batch on its way (checked when offered
+  and again before the mirror runs), or the candidate's has requests waiting: a mirrored run starts
+  only on an idle primary, since on a small CPU two versions' runs side by side wait on each other's
+  threads (and spinning threads make that cost the primary more than the mirror's own run time);
 - ``budget``: the candidate's runs for this shadow have taken ``MODELYARD_SHADOW_MAX_COST`` (0.05)
   of the time the primary's ONNX Runtime runs took in this process since the shadow started here
   (``VersionStats.busy_ns``: each run once, however many requests it merged, and no time spent
@@ -126,7 +128,7 @@ class ShadowRunner:
             budget = self._budget(route.spec.shadow_id, primary)
             if self._run is None or self._random.random() >= route.spec.sample:
                 return
-            if primary.batcher.queued:
+            if primary.batcher.queued or primary.batcher.running:
                 self._drop(route, "busy")
                 return
             if budget.exhausted(settings.SHADOW_MAX_COST):
@@ -166,7 +168,7 @@ class ShadowRunner:
     async def _mirror(self, job: _Mirror) -> None:
         route = job.route
         candidate = route.candidate
-        if job.primary.batcher.queued or candidate.batcher.queued:
+        if job.primary.batcher.queued or job.primary.batcher.running or candidate.batcher.queued:
             self._drop(route, "busy")
             return
         try:

@@ -29,8 +29,8 @@ OUTPUTS = {"y": np.arange(8, dtype=np.float32).reshape(2, 4)}
 class Version:
     """What the runner reads of a loaded version: its batcher's queue, its run time, and acquire/release."""
 
-    def __init__(self, *, queued: int = 0, unloaded: bool = False, version_id: int = 1) -> None:
-        self.batcher = SimpleNamespace(queued=queued)
+    def __init__(self, *, queued: int = 0, running: int = 0, unloaded: bool = False, version_id: int = 1) -> None:
+        self.batcher = SimpleNamespace(queued=queued, running=running)
         self.spec = SimpleNamespace(version_id=version_id)
         self.stats = VersionStats()
         self.unloaded = unloaded
@@ -173,6 +173,8 @@ def test_a_full_queue_a_busy_primary_and_an_unloaded_candidate_drop_and_count(ch
         await drain()
         runner.offer(route(candidate), Version(queued=3), "busy", OUTPUTS, 0.01)
         await drain()
+        runner.offer(route(candidate), Version(running=1), "running", OUTPUTS, 0.01)
+        await drain()
         runner.offer(route(Version(unloaded=True)), Version(), "gone", OUTPUTS, 0.01)
         await drain()
         runner.offer(route(candidate, sample=0.0), Version(), "never", OUTPUTS, 0.01)  # not sampled
@@ -181,7 +183,7 @@ def test_a_full_queue_a_busy_primary_and_an_unloaded_candidate_drop_and_count(ch
     asyncio.run(scenario())
     assert ran == [0, 1]
     tally = counts(runner)
-    assert tally["dropped"] == {"queue_full": 3, "busy": 1, "unloaded": 1}
+    assert tally["dropped"] == {"queue_full": 3, "busy": 2, "unloaded": 1}
     assert tally["requests"] == 2
 
 
