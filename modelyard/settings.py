@@ -221,6 +221,12 @@ VALIDATION_MEMORY_MB = env_int("MODELYARD_VALIDATION_MEMORY_MB", 4096, minimum=2
 # checked at validation and again at load. Real ones are 0.5-20 MB (MiniLM's 0.47 MB, Llama 3's 9 MB).
 TOKENIZER_MAX_BYTES = env_int("MODELYARD_TOKENIZER_MAX_BYTES", 64 * 1024**2, minimum=1024)
 PROMOTION_TTL_SECONDS = env_int("MODELYARD_PROMOTION_TTL_SECONDS", 7 * 24 * 3600, minimum=1)
+# Promotion policies (registry/policy/engine.py), rules in CEL: at most this many rules in one alias's policy,
+POLICY_MAX_RULES = env_int("MODELYARD_POLICY_MAX_RULES", 50, minimum=1)
+# at most this many characters in one rule's expression,
+POLICY_MAX_RULE_LENGTH = env_int("MODELYARD_POLICY_MAX_RULE_LENGTH", 2000, minimum=16)
+# and one rule running past this against a promotion's evidence is stopped there and fails.
+POLICY_EVAL_TIMEOUT_MS = env_int("MODELYARD_POLICY_EVAL_TIMEOUT_MS", 100, minimum=1)
 VALIDATION_WORK_DIR = env_str("MODELYARD_WORK_DIR") or str(DATA_DIR / "work")
 # Derived versions are built, and versions benchmarked, in child processes under the same kind of
 # limits (onnxkit/sandbox.py). An fp16 or int8 conversion holds the model about three times.

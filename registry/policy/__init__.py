@@ -1,0 +1,1 @@
+"""Alias promotion policies: rules in the Common Expression Language (CEL), checked against a promotion's evidence."""
