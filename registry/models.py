@@ -456,6 +456,7 @@ class PromotionKind(models.TextChoices):
     MOVE = "move"  # point the alias at ``version``
     UNPROTECT = "unprotect"  # clear the alias's protected flag
     ROLLOUT = "rollout"  # start a stepped rollout of ``version`` (``AliasRollout``); its last step moves the alias
+    POLICY = "policy"  # make a new version of the alias's promotion policy (``AliasPolicy``) the one in force
 
 
 class PromotionRequest(models.Model):
@@ -481,13 +482,18 @@ class PromotionRequest(models.Model):
     # The shadow report of the requested version on this alias as it stood when the request was made
     # (``registry/shadow/services.py``); null when the version was not shadowed there.
     shadow_report = models.JSONField(null=True, blank=True)
+    # The alias's policy, rule by rule, on the requested version when the request was made, and again
+    # when it was approved (``registry/policy/``): {"policy": number, "builtin": bool, "rules": [...]}.
+    policy_results = models.JSONField(null=True, blank=True)
+    policy_results_at_approval = models.JSONField(null=True, blank=True)
 
     class Meta:
         ordering = ["-requested_at", "-id"]
         indexes = [models.Index(fields=["state", "requested_at"])]
         constraints = [
             models.CheckConstraint(
-                condition=models.Q(kind=PromotionKind.UNPROTECT) | models.Q(version__isnull=False),
+                condition=models.Q(kind__in=[PromotionKind.UNPROTECT, PromotionKind.POLICY])
+                | models.Q(version__isnull=False),
                 name="move_request_names_a_version",
             )
         ]
@@ -495,6 +501,45 @@ class PromotionRequest(models.Model):
     def __str__(self) -> str:
         change = f"-> v{self.version.version}" if self.version is not None else "unprotect"
         return f"promotion #{self.pk} {self.alias} {change} ({self.state})"
+
+
+class PolicyState(models.TextChoices):
+    ACTIVE = "active"  # the alias's policy in force
+    PENDING = "pending"  # waiting for its promotion request's approval (a protected alias)
+    SUPERSEDED = "superseded"  # was in force; a newer version replaced it
+    REJECTED = "rejected"  # its request was rejected, cancelled or expired: never in force
+
+
+class AliasPolicy(models.Model):
+    """One version of an alias's promotion policy: named CEL rules a version must pass to be promoted there.
+
+    Versions count up per alias and are never changed; at most one is active. An alias with none
+    has the built-in policy made from its settings (``registry/policy/rules.py``).
+    """
+
+    alias = models.ForeignKey(Alias, on_delete=models.CASCADE, related_name="policies")
+    number = models.PositiveIntegerField()
+    rules = models.JSONField(default=list)  # [{"name", "expr", "message"}]
+    state = models.CharField(max_length=16, choices=PolicyState.choices, default=PolicyState.ACTIVE)
+    reason = models.TextField(blank=True, default="")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    # The four-eyes request a change to a protected alias waits for.
+    promotion = models.ForeignKey(
+        PromotionRequest, null=True, blank=True, on_delete=models.SET_NULL, related_name="policies"
+    )
+
+    class Meta:
+        ordering = ["alias_id", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["alias", "number"], name="unique_policy_number_per_alias"),
+            models.UniqueConstraint(
+                fields=["alias"], condition=models.Q(state="active"), name="one_active_policy_per_alias"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"policy {self.number} of {self.alias} ({self.state})"
 
 
 class AliasShadow(models.Model):

@@ -1,7 +1,9 @@
 """Aliases, promotion requests and their four-eyes review. Each top-level function owns its transaction.
 
-A protected alias changes only with two people: moving it and unprotecting it both open a request
-that another approver decides, so nobody can unprotect an alias and then move it alone.
+A protected alias changes only with two people: moving it, unprotecting it and changing its
+promotion policy all open a request that another approver decides, so nobody can unprotect an alias
+(or loosen its policy) and then move it alone. Every move is checked against the alias's policy
+(``registry/policy/``) when it is asked for, and a request again when it is approved.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from registry.models import (
     Alias,
     AliasMove,
     AliasMoveKind,
+    AliasPolicy,
     AliasRollout,
     AuditEvent,
     ModelVersion,
+    PolicyState,
     PromotionKind,
     PromotionRequest,
     PromotionState,
@@ -39,6 +43,7 @@ from registry.models import (
     VersionStatus,
     WebhookEvent,
 )
+from registry.policy.rules import PolicyCheck, policy_activate, policy_check
 from registry.provenance.services import check_alias_signature, trusted_signer_names
 from registry.rollout.state import rollout_begin, rollout_finish
 from registry.shadow.services import shadow_end_promoted, shadow_report_for
@@ -100,6 +105,7 @@ def _move(
     reason: str,
     forced: bool = False,
     promotion: PromotionRequest | None = None,
+    failing_rules: list[str] | None = None,
 ) -> AliasMove:
     check_alias_signature(alias, to)  # also at approval and rollback: the alias's requirement may be newer
     before = _alias_state(alias)
@@ -130,6 +136,7 @@ def _move(
             "reason": reason,
             "forced": forced,
             "promotion": promotion.pk if promotion else None,
+            **({"failing_rules": failing_rules} if failing_rules else {}),
         },
     )
     _notify_after_commit(alias)
@@ -163,10 +170,35 @@ def move_alias(
     return _move(alias=alias, to=to, actor=actor, kind=kind, reason=reason, promotion=promotion)
 
 
-def check_candidate(alias: Alias, version: ModelVersion, *, force: bool, reason: str) -> bool:
-    """What a direct set checks of a candidate (a breaking signature, the alias's policy); whether it was forced."""
-    forced = _check_signature(alias, version, force=force, reason=reason)
-    return _check_policy(alias, version, force=force, reason=reason) or forced
+def check_candidate(
+    alias: Alias, version: ModelVersion, *, force: bool, reason: str, requester: Any = None
+) -> tuple[bool, PolicyCheck]:
+    """What a direct set checks of a candidate (the alias's promotion policy): whether it was forced, and how."""
+    check = policy_check(alias, version, requester=requester)
+    return _gate(alias, version, check, force=force, reason=reason), check
+
+
+def _gate(alias: Alias, version: ModelVersion, check: PolicyCheck, *, force: bool, reason: str) -> bool:
+    """Refuse a candidate the policy fails, unless forced with a reason; returns whether it was forced.
+
+    The built-in policy is enforced by the checks its settings always had (the same refusals); a
+    written policy by its rules' results.
+    """
+    if check.policy.builtin:
+        forced = _check_signature(alias, version, force=force, reason=reason)
+        return _check_policy(alias, version, force=force, reason=reason) or forced
+    failing = [r for r in check.results if r["name"] in check.failing]
+    if not failing:
+        return False
+    if not force:
+        why = "; ".join(f"{r['name']}: {r['why']}" for r in failing)
+        raise ForceRequired(
+            f"version {version.version} fails the policy of '{alias.name}' (policy {check.policy.number}): {why}.",
+            detail={"policy": check.policy.number, "failing": check.failing, "rules": check.results},
+        )
+    if not reason.strip():
+        raise ForceNeedsReason()
+    return True
 
 
 def promotion_ttl() -> datetime:
@@ -326,8 +358,9 @@ def alias_set(
     if alias.version_id == version.pk:
         return AliasOutcome(alias=alias)
     check_alias_signature(alias, version)  # provenance is never forced
-    forced = _check_signature(alias, version, force=force, reason=reason)
-    forced = _check_policy(alias, version, force=force, reason=reason) or forced
+    check = policy_check(alias, version, requester=actor.user)
+    forced = _gate(alias, version, check, force=force, reason=reason)
+    failing = check.failing if forced else []
     if alias.protected:
         duplicate = alias.promotions.filter(state=PromotionState.PENDING, version=version).first()
         if duplicate is not None:
@@ -344,6 +377,7 @@ def alias_set(
             requested_by=actor.user,
             expires_at=timezone.now() + timedelta(seconds=settings.PROMOTION_TTL_SECONDS),
             shadow_report=shadow_report_for(alias, version),
+            policy_results=check.as_json(),
         )
         audit_record(
             actor=actor,
@@ -352,7 +386,13 @@ def alias_set(
             target=str(promotion.pk),
             model_name=model.name,
             before=_alias_state(alias),
-            after={"alias": alias.name, "version": version.version, "reason": reason, "forced": forced},
+            after={
+                "alias": alias.name,
+                "version": version.version,
+                "reason": reason,
+                "forced": forced,
+                **({"failing_rules": failing} if failing else {}),
+            },
         )
         _emit_promotion(
             WebhookEvent.PROMOTION_REQUESTED,
@@ -363,7 +403,15 @@ def alias_set(
             expires_at=promotion.expires_at.isoformat(),
         )
         return AliasOutcome(alias=alias, promotion=promotion)
-    move = _move(alias=alias, to=version, actor=actor, kind=AliasMoveKind.SET, reason=reason, forced=forced)
+    move = _move(
+        alias=alias,
+        to=version,
+        actor=actor,
+        kind=AliasMoveKind.SET,
+        reason=reason,
+        forced=forced,
+        failing_rules=failing,
+    )
     return AliasOutcome(alias=alias, move=move)
 
 
@@ -494,6 +542,8 @@ def _locked_promotion(promotion_id: int) -> PromotionRequest:
 
 
 def _noun(promotion: PromotionRequest) -> str:
+    if promotion.kind == PromotionKind.POLICY:
+        return "policy change"
     return "unprotect request" if promotion.kind == PromotionKind.UNPROTECT else "promotion"
 
 
@@ -609,6 +659,8 @@ def _decide(promotion: PromotionRequest, state: str, actor: Actor, reason: str) 
     event = _DECISION_EVENTS.get(state)
     if event is not None:
         _emit_promotion(event, promotion, decided_by=actor.name, reason=reason)
+    if promotion.kind == PromotionKind.POLICY and state != PromotionState.APPROVED:
+        AliasPolicy.objects.filter(promotion=promotion, state=PolicyState.PENDING).update(state=PolicyState.REJECTED)
     if promotion.kind == PromotionKind.ROLLOUT and state != PromotionState.APPROVED:
         rollout = _pending_rollout(promotion)
         if rollout is not None:
@@ -638,6 +690,14 @@ def promotion_approve(*, promotion_id: int, actor: Actor, reason: str = "") -> P
         _decide(promotion, PromotionState.APPROVED, actor, reason)
         _set_flags(alias, actor, protected=False, served=None, promotion=promotion)
         return promotion
+    if promotion.kind == PromotionKind.POLICY:
+        pending = AliasPolicy.objects.select_for_update().filter(promotion=promotion, state=PolicyState.PENDING).first()
+        if pending is None:
+            raise Conflict(f"the policy of promotion request {promotion.pk} is no longer pending")
+        _decide(promotion, PromotionState.APPROVED, actor, reason)
+        pending.alias = alias  # locked with its model above; the audit event names it
+        policy_activate(pending, actor)
+        return promotion
     version = promotion.version
     assert version is not None  # a move request always names its version (a database constraint)
     if version.status != VersionStatus.READY:
@@ -648,6 +708,7 @@ def promotion_approve(*, promotion_id: int, actor: Actor, reason: str = "") -> P
         raise Conflict(
             f"alias '{alias.name}' moved from version {was} to {now} since the request was made; request again"
         )
+    _check_at_approval(promotion, version, actor)
     if promotion.kind == PromotionKind.ROLLOUT:
         rollout = _pending_rollout(promotion)
         if rollout is None:
@@ -660,6 +721,22 @@ def promotion_approve(*, promotion_id: int, actor: Actor, reason: str = "") -> P
     approval = AliasMoveKind.APPROVAL
     _move(alias=alias, to=version, actor=actor, kind=approval, reason=promotion.reason, promotion=promotion)
     return promotion
+
+
+def _check_at_approval(promotion: PromotionRequest, version: ModelVersion, actor: Actor) -> None:
+    """Evaluate the policy again, with the approval, and keep the result; a written policy's failing rules block
+    unless the request was forced (the built-in policy's checks were made at request, as they always were)."""
+    alias = promotion.alias
+    check = policy_check(alias, version, requester=promotion.requested_by, approvals=[actor.user])
+    if not check.policy.builtin and check.failing and not promotion.force:
+        why = "; ".join(f"{r['name']}: {r['why']}" for r in check.results if r["name"] in check.failing)
+        raise Conflict(
+            f"version {version.version} fails the policy of '{alias.name}' (policy {check.policy.number}) "
+            f"at approval: {why}; the requester may ask again with force and a reason",
+            detail={"policy": check.policy.number, "failing": check.failing, "rules": check.results},
+        )
+    promotion.policy_results_at_approval = check.as_json()
+    promotion.save(update_fields=["policy_results_at_approval"])
 
 
 @transaction.atomic(durable=True)

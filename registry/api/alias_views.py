@@ -57,6 +57,10 @@ class PromotionSerializer(serializers.ModelSerializer[PromotionRequest]):
     comparison = serializers.SerializerMethodField()
     # The candidate's shadow report on this alias as it stood when the request was made (null if never shadowed)
     shadow_report = serializers.JSONField(allow_null=True, read_only=True)
+    # The alias's policy, rule by rule, when the request was made and when it was approved (null before):
+    # {"policy": number, "builtin": bool, "rules": [{"name", "passed", "why", "waiting"}]}
+    policy_results = serializers.JSONField(allow_null=True, read_only=True)
+    policy_results_at_approval = serializers.JSONField(allow_null=True, read_only=True)
 
     class Meta:
         model = PromotionRequest
@@ -78,6 +82,8 @@ class PromotionSerializer(serializers.ModelSerializer[PromotionRequest]):
             "decision_reason",
             "comparison",
             "shadow_report",
+            "policy_results",
+            "policy_results_at_approval",
         ]
 
     def get_comparison(self, promotion: PromotionRequest) -> str | None:

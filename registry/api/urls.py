@@ -4,6 +4,7 @@ from registry.api import (
     alias_views,
     derive_views,
     fleet_views,
+    policy_views,
     provenance_views,
     rollout_views,
     shadow_views,
@@ -37,6 +38,12 @@ urlpatterns = [
     path("models/<str:name>/aliases/<str:alias>/rollback", alias_views.AliasRollback.as_view(), name="alias-rollback"),
     path("models/<str:name>/aliases/<str:alias>/history", alias_views.AliasHistory.as_view(), name="alias-history"),
     path("models/<str:name>/aliases/<str:alias>/shadow", shadow_views.AliasShadow.as_view(), name="alias-shadow"),
+    path("models/<str:name>/aliases/<str:alias>/policy", policy_views.AliasPolicy.as_view(), name="alias-policy"),
+    path(
+        "models/<str:name>/aliases/<str:alias>/policy/evaluate",
+        policy_views.AliasPolicyEvaluate.as_view(),
+        name="alias-policy-evaluate",
+    ),
     path("models/<str:name>/aliases/<str:alias>/rollout", rollout_views.AliasRollout.as_view(), name="alias-rollout"),
     path(
         "models/<str:name>/aliases/<str:alias>/rollout/pause",

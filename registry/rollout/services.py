@@ -155,7 +155,7 @@ def rollout_start(
         )
     check_alias_signature(alias, version)  # provenance holds for every way onto the alias
     # A breaking signature change and the alias's policy are refused as a direct set refuses them, unless forced.
-    forced = check_candidate(alias, version, force=force, reason=reason)
+    forced, check = check_candidate(alias, version, force=force, reason=reason, requester=actor.user)
     rollout = AliasRollout(
         alias=alias,
         version=version,
@@ -178,6 +178,7 @@ def rollout_start(
             force=forced,
             requested_by=actor.user,
             expires_at=promotion_ttl(),
+            policy_results=check.as_json(),
         )
     rollout.save()
     if rollout.promotion is not None:

@@ -393,7 +393,7 @@ def test_promotions_list_shows_and_filters_kind(owner, approver, two_versions):
     assert [(p["kind"], p["version"]) for p in moves] == [("move", 1)]
     bad = approver.get("/api/v1/promotions?kind=delete")
     assert bad.status_code == 400
-    assert bad.json()["error"] == "unknown kind 'delete'; kinds are move, unprotect, rollout"
+    assert bad.json()["error"] == "unknown kind 'delete'; kinds are move, unprotect, rollout, policy"
 
 
 # --- Four eyes are two people: not one admin and an account that admin set up -------------------------

@@ -235,6 +235,18 @@ def _shadow_stopped(world: World, body: Body | None, answer: Any) -> None:
     assert (shadow["running"], shadow["ended_by"], shadow["end_reason"]) == (False, "mia", "stopped")
 
 
+def _policy_written(world: World, body: Body | None, answer: Any) -> None:
+    policy = world.read(f"/api/v1/models/{MODEL}/aliases/staging/policy")
+    assert (policy["number"], policy["builtin"], policy["rules"], policy["reason"]) == (1, False, [], "")
+    assert answer == policy
+
+
+def _policy_evaluated(world: World, body: Body | None, answer: Any) -> None:
+    # The built-in policy: version 1 has version 2's signature, so its one rule passes.
+    assert answer["policy"] == 0 and answer["builtin"] is True and answer["passed"] is True
+    assert [r["name"] for r in answer["rules"]] == ["compatible-signature"]
+
+
 def _rollout_is(state: str, reason: str = "") -> Check:
     def check(world: World, body: Body | None, answer: Any) -> None:
         rollout = world.read(f"/api/v1/models/{MODEL}/aliases/staging/rollout")
@@ -304,6 +316,12 @@ CALLS: dict[str, Call] = {
     "v1_models_aliases_shadow_destroy": Call(
         "mia", 200, params=_staging, check=_shadow_stopped, prepare=_shadowed_staging
     ),
+    "v1_models_aliases_policy_update": Call(
+        "mia", 201, params=_staging, values=lambda w: {"rules": []}, check=_policy_written
+    ),
+    "v1_models_aliases_policy_evaluate_create": Call(
+        "mia", 200, params=_staging, values=lambda w: {"version": 1}, check=_policy_evaluated
+    ),
     "v1_models_aliases_rollout_update": Call(
         "mia",
         201,
@@ -340,6 +358,7 @@ CALLS: dict[str, Call] = {
     "v1_models_aliases_list": _read(params=_model),
     "v1_models_aliases_retrieve": _read(params=_staging),
     "v1_models_aliases_history_list": _read(params=_staging),
+    "v1_models_aliases_policy_retrieve": _read(params=_staging),
     "v1_models_aliases_shadow_retrieve": Call("mia", 200, params=_staging, prepare=_shadowed_staging),
     "v1_models_aliases_rollout_retrieve": Call("mia", 200, params=_staging, prepare=_rolling_staging()),
     "v1_models_versions_list": _read(params=_model),
