@@ -1,4 +1,4 @@
-"""The user commands of ``modelyard`` (login, models, push, promote, approve, pull, verify, shadow, infer, audit, ...).
+"""The user commands of ``modelyard`` (login, models, push, promote, approve, pull, verify, shadow, policy, audit, ...).
 
 They run on :mod:`modelyard.client` alone, so they start fast and need no server code: no Django,
 no database. Every command takes ``--url`` and ``--token`` (else ``MODELYARD_URL`` and
@@ -21,9 +21,9 @@ from typing import IO, Any
 
 from modelyard.client.config import DEFAULT_PROFILE, save_profile
 from modelyard.client.core import BUNDLE, Client, file_digests, token_from_password
-from modelyard.client.errors import ApiError, ConfigError, ModelyardError, NotFound, ValidationFailed
+from modelyard.client.errors import ApiError, BadRequest, ConfigError, ModelyardError, NotFound, ValidationFailed
 from modelyard.client.tensors import NUMPY_OF
-from modelyard.client.types import Alias, AliasMove, Promotion, Shadow, ShadowSide, Version
+from modelyard.client.types import Alias, AliasMove, Policy, PolicyRule, Promotion, Shadow, ShadowSide, Version
 
 Handler = Callable[[argparse.Namespace, Client], int]
 
@@ -249,7 +249,7 @@ def cmd_batching(args: argparse.Namespace, client: Client) -> int:
 
 
 def _describe_promotion(promotion: Promotion) -> str:
-    change = "unprotect" if promotion.kind == "unprotect" else f"version {promotion.version}"
+    change = {"unprotect": "unprotect", "policy": "new policy"}.get(promotion.kind, f"version {promotion.version}")
     return f"promotion {promotion.id}: {promotion.alias} of '{promotion.model}' -> {change} ({promotion.state})"
 
 
@@ -285,6 +285,11 @@ def cmd_approve(args: argparse.Namespace, client: Client) -> int:
         _print_json(promotion.raw)
     elif promotion.kind == "unprotect":
         print(f"Approved promotion {promotion.id}: '{promotion.alias}' of '{promotion.model}' is no longer protected.")
+    elif promotion.kind == "policy":
+        print(
+            f"Approved promotion {promotion.id}: the new policy of '{promotion.alias}' of '{promotion.model}' "
+            "is in force."
+        )
     else:
         print(
             f"Approved promotion {promotion.id}: '{promotion.alias}' of '{promotion.model}' "
@@ -631,6 +636,135 @@ def cmd_shadow_show(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
+RULE_KEYS = ("name", "expr", "message")
+
+
+def _rule_lines(rules: Sequence[PolicyRule]) -> list[str]:
+    """Each rule as ``name: expr`` (an expression of several lines goes on under its first), then its message."""
+    if not rules:
+        return ["  no rules: every version passes"]
+    lines = []
+    for rule in rules:
+        prefix = f"  {rule.name}: "
+        first, *rest = rule.expr.split("\n")
+        lines.append((prefix + first).rstrip())
+        lines.extend((" " * len(prefix) + line).rstrip() for line in rest)
+        if rule.message:
+            lines.append(f"    message: {_one_line(rule.message)}")
+    return lines
+
+
+def _policy_lines(policy: Policy) -> list[str]:
+    """What ``policy show`` prints: the policy in force, who wrote it, its rules, and a change waiting for approval."""
+    head = f"Policy {policy.number} of '{policy.alias}' of '{policy.model}': "
+    if policy.builtin:
+        head += "built-in, from the alias's settings (no policy written yet)"
+    else:
+        head += f"set by {policy.created_by or '-'} at {_moment(policy.created_at)}"
+        head += f" ({_one_line(policy.reason)})" if policy.reason.strip() else ""
+    lines = [head, *_rule_lines(policy.rules)]
+    if policy.pending is not None:
+        lines.append(
+            f"Pending: policy {policy.pending.get('number')}, waiting for approval in promotion request "
+            f"{policy.pending.get('promotion')}:"
+        )
+        lines.extend(_rule_lines(policy.pending_rules))
+    return lines
+
+
+def _read_rules(source: str) -> list[dict[str, Any]]:
+    """``policy set``'s FILE (``-``: stdin): a JSON list of rules, or an object with ``rules`` (other keys ignored,
+    so that ``policy show --json`` can be edited and sent back). A file that is not that is a usage error."""
+    where = "stdin" if source == "-" else source
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{where}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: not UTF-8 text") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        why = f"{exc.msg} at line {exc.lineno}, column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else exc
+        raise ConfigError(f"{where}: not JSON: {why}") from None
+    rules = data.get("rules") if isinstance(data, dict) else data
+    if not isinstance(rules, list):
+        raise ConfigError(f'{where}: expected a JSON list of rules, or an object {{"rules": [...]}}')
+    for number, rule in enumerate(rules, 1):
+        strings = isinstance(rule, dict) and all(isinstance(rule.get(key), str) for key in ("name", "expr"))
+        if not strings or not isinstance(rule.get("message", ""), str):
+            raise ConfigError(f'{where}: rule {number} is not an object of strings "name", "expr" and "message"')
+        unknown = sorted(set(rule) - {*RULE_KEYS, "builtin"})  # builtin: as policy show --json has it
+        if unknown:
+            raise ConfigError(
+                f"{where}: rule {number} has an unknown key {', '.join(map(repr, unknown))} "
+                '(a rule has "name", "expr" and "message")'
+            )
+    return [{key: rule[key] for key in RULE_KEYS if key in rule} for rule in rules]
+
+
+def _fault_excerpt(rules: Sequence[dict[str, Any]], detail: Any) -> list[str]:
+    """The line of the rule a 400 names, with a caret under its column; nothing when it names no position."""
+    if not isinstance(detail, dict):
+        return []
+    line, column = detail.get("line"), detail.get("column")
+    rule = next((r for r in rules if r.get("name") == detail.get("rule")), None)
+    if rule is None or not isinstance(line, int) or not isinstance(column, int) or column < 1:
+        return []
+    lines = str(rule.get("expr", "")).split("\n")
+    if not 1 <= line <= len(lines):
+        return []
+    text = lines[line - 1].rstrip()
+    pad = "".join(c if c == "\t" else " " for c in text[: column - 1]).ljust(column - 1)
+    return [f"  {text}", f"  {pad}^"]
+
+
+def cmd_policy_show(args: argparse.Namespace, client: Client) -> int:
+    policy = client.policy(args.name, args.alias)
+    if args.json:
+        _print_json(policy.raw)
+    else:
+        print("\n".join(_policy_lines(policy)))
+    return 0
+
+
+def cmd_policy_set(args: argparse.Namespace, client: Client) -> int:
+    rules = _read_rules(args.file)
+    try:
+        policy = client.policy_set(args.name, args.alias, rules, reason=args.reason)
+    except BadRequest as exc:
+        for line in _fault_excerpt(rules, exc.detail):
+            exc.add_note(line)
+        raise
+    if args.json:
+        _print_json(policy.raw)
+    elif policy.promotion is not None:
+        number = (policy.pending or {}).get("number")
+        print(
+            f"'{args.alias}' of '{args.name}' is protected: policy {number} is waiting for approval in promotion "
+            f"request {policy.promotion}."
+        )
+        print(f"Another approver runs: modelyard approve {policy.promotion}")
+    else:
+        print(f"Policy {policy.number} of '{args.alias}' of '{args.name}' is in force ({len(policy.rules)} rule(s)).")
+    return 0
+
+
+def cmd_policy_check(args: argparse.Namespace, client: Client) -> int:
+    check = client.policy_evaluate(args.name, args.alias, args.version)
+    if args.json:
+        _print_json(check.raw)
+    else:
+        for rule in check.rules:
+            if rule.passed:
+                print(f"PASS {rule.name}")
+            else:
+                word = "WAIT" if rule.waiting else "FAIL"
+                why = _one_line(rule.why)
+                print(f"{word} {rule.name}: {why}" if why else f"{word} {rule.name}")
+    return 0 if check.passed else 1
+
+
 def _input_value(text: str, datatype: str | None) -> Any:
     """``NAME=VALUE``'s value: a .npy file, a .json file, or JSON inline, as the input's datatype."""
     import numpy as np
@@ -868,6 +1002,8 @@ def cmd_login(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace, exc: ModelyardError) -> None:
     print(f"modelyard {args.command}: {exc}", file=sys.stderr)
+    for note in getattr(exc, "__notes__", ()):  # what the command added (policy set: the faulty rule's line)
+        print(note, file=sys.stderr)
     if isinstance(exc, ApiError):
         detail = exc.detail
         if isinstance(detail, dict) and detail.get("breaking"):
@@ -1119,6 +1255,43 @@ def add_commands(sub: Any) -> None:
     p.add_argument("name", metavar="MODEL")
     p.add_argument("alias", metavar="ALIAS")
     p.set_defaults(func=_runner(cmd_shadow_show))
+
+    policy = sub.add_parser(
+        "policy",
+        help="an alias's promotion policy: the rules (CEL) a version must pass to be promoted there",
+        description="An alias's promotion policy: named rules, each a CEL expression over a candidate version's "
+        "evidence that must be true for it to be promoted to the alias.",
+    )
+    actions = policy.add_subparsers(dest="policy_command", required=True)
+    p = actions.add_parser(
+        "show", parents=[common], help="the alias's policy in force (built-in until one is written) and a pending one"
+    )
+    p.add_argument("name", metavar="MODEL")
+    p.add_argument("alias", metavar="ALIAS")
+    p.set_defaults(func=_runner(cmd_policy_show))
+    p = actions.add_parser(
+        "set",
+        parents=[common],
+        help="write the alias's policy from a JSON file (maintainer role); a protected alias's waits for approval",
+    )
+    p.add_argument("name", metavar="MODEL")
+    p.add_argument("alias", metavar="ALIAS")
+    p.add_argument(
+        "file",
+        metavar="FILE",
+        help='a JSON list of rules {"name", "expr", "message"}, or {"rules": [...]}; - reads stdin',
+    )
+    p.add_argument("--reason", default="")
+    p.set_defaults(func=_runner(cmd_policy_set))
+    p = actions.add_parser(
+        "check",
+        parents=[common],
+        help="what the policy says now of promoting a version: a line per rule; exit 0 when every rule passes",
+    )
+    p.add_argument("name", metavar="MODEL")
+    p.add_argument("alias", metavar="ALIAS")
+    p.add_argument("version", type=int, metavar="VERSION")
+    p.set_defaults(func=_runner(cmd_policy_check))
 
     p = command("infer", cmd_infer, "run a served model on inputs from .npy or JSON")
     p.add_argument("name")

@@ -46,6 +46,9 @@ from modelyard.client.types import (
     Delivery,
     DeriveJob,
     Model,
+    Policy,
+    PolicyCheck,
+    PolicyRule,
     Promotion,
     Shadow,
     Version,
@@ -467,6 +470,47 @@ class Client:
     def shadow_stop(self, name: str, alias: str, *, reason: str = "") -> Shadow:
         """End the alias's running shadow (maintainers): the shadow with its final report; :class:`NotFound` if none."""
         return Shadow.from_json(self._json("DELETE", self._shadow_path(name, alias), json_body={"reason": reason}))
+
+    # --- Promotion policies ----------------------------------------------------------------------------------
+
+    def _policy_path(self, name: str, alias: str) -> str:
+        return f"/api/v1/models/{_q(name)}/aliases/{_q(alias)}/policy"
+
+    def policy(self, name: str, alias: str) -> Policy:
+        """The alias's promotion policy in force (its built-in one, number 0, until one is written) and a change
+        waiting for approval; :class:`NotFound` for an alias the model lacks."""
+        return Policy.from_json(self._json("GET", self._policy_path(name, alias)))
+
+    def policy_set(
+        self, name: str, alias: str, rules: Iterable[Mapping[str, Any] | PolicyRule], *, reason: str = ""
+    ) -> Policy:
+        """Write a new version of the alias's policy (maintainers): ``rules`` of ``name``, ``expr`` and ``message``.
+
+        On an unprotected alias it is in force at once: the new policy. On a protected one it waits for
+        a second person's approval: the policy still in force, with ``promotion`` the request's id and
+        ``pending`` the new one. A rule that does not compile raises
+        :class:`~modelyard.client.errors.BadRequest` whose ``detail`` names the ``rule``, ``line`` and
+        ``column``. Rules read with :meth:`policy` may be sent back as they are (built-in ones too).
+        """
+        body = {
+            "rules": [
+                {"name": rule.name, "expr": rule.expr, "message": rule.message}
+                if isinstance(rule, PolicyRule)
+                else dict(rule)
+                for rule in rules
+            ],
+            "reason": reason,
+        }
+        return Policy.from_json(self._json("PUT", self._policy_path(name, alias), json_body=body))
+
+    def policy_evaluate(self, name: str, alias: str, version: int) -> PolicyCheck:
+        """What the alias's policy says now of promoting ``version`` there, with you as the requester; changes nothing.
+
+        Rules that refer to ``approvals`` are ``waiting`` (decided at approval), so such a policy never
+        ``passed`` here.
+        """
+        path = self._policy_path(name, alias) + "/evaluate"
+        return PolicyCheck.from_json(self._json("POST", path, json_body={"version": int(version)}))
 
     # --- Audit -------------------------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Self
 
 
@@ -104,6 +104,10 @@ class Promotion(_Record):
     decision_reason: str = ""
     expires_at: str = ""
     shadow_report: dict[str, Any] | None = None  # the candidate's shadow on the alias when it was asked for
+    # The alias's policy rule by rule when it was asked for, and again at approval (None before):
+    # {"policy": number, "builtin": bool, "rules": [{"name", "passed", "why", "waiting"}]}
+    policy_results: dict[str, Any] | None = None
+    policy_results_at_approval: dict[str, Any] | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -298,3 +302,84 @@ class Shadow(_Record):
     def outputs(self) -> dict[str, ShadowOutput]:
         """Each output compared, by name."""
         return {name: ShadowOutput.from_json(item) for name, item in (self.report.get("outputs") or {}).items()}
+
+
+@dataclass(frozen=True)
+class PolicyRule(_Record):
+    """One rule of an alias's promotion policy: a CEL expression that must be true, and what a failure says."""
+
+    name: str
+    expr: str
+    message: str = ""
+    builtin: bool = False  # made from the alias's settings (no policy written yet)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class Policy(_Record):
+    """An alias's promotion policy in force (``number`` 0 and ``builtin``: made from its settings) and a change
+    waiting for approval (``pending``: its ``number``, ``promotion`` and ``rules``, else None).
+
+    After :meth:`Client.policy_set` on a protected alias, ``promotion`` is the request the new policy
+    waits for (the policy shown is still the one in force); otherwise None.
+    """
+
+    model: str
+    alias: str
+    number: int
+    builtin: bool = False
+    rules: list[PolicyRule] = field(default_factory=list)
+    created_by: str | None = None
+    created_at: str | None = None
+    reason: str = ""
+    pending: dict[str, Any] | None = None
+    promotion: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Self:
+        record = super().from_json(data)
+        return replace(record, rules=[PolicyRule.from_json(item) for item in data.get("rules") or []])
+
+    @property
+    def pending_rules(self) -> list[PolicyRule]:
+        """The rules of the change waiting for approval (none when nothing waits)."""
+        return [PolicyRule.from_json(item) for item in (self.pending or {}).get("rules") or []]
+
+
+@dataclass(frozen=True)
+class RuleResult(_Record):
+    """What one rule said of a version: ``why`` it did not pass; ``waiting`` when it is decided at approval."""
+
+    name: str
+    passed: bool
+    why: str = ""
+    waiting: bool = False
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class PolicyCheck(_Record):
+    """What the alias's policy (``policy``: its number) says now of promoting ``version``; ``passed``: every rule."""
+
+    version: int
+    policy: int
+    builtin: bool = False
+    passed: bool = False
+    rules: list[RuleResult] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Self:
+        record = super().from_json(data)
+        return replace(record, rules=[RuleResult.from_json(item) for item in data.get("rules") or []])
+
+    @property
+    def failing(self) -> list[RuleResult]:
+        """The rules that failed (not the waiting ones): what would refuse the promotion now."""
+        return [rule for rule in self.rules if not rule.passed and not rule.waiting]
+
+    @property
+    def waiting(self) -> list[RuleResult]:
+        """The rules decided only at approval."""
+        return [rule for rule in self.rules if rule.waiting]
