@@ -13,7 +13,7 @@ Tokens, users and passwords are in ``registry.ui.account_views``.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -55,6 +55,7 @@ from registry.models import (
     PRODUCTION,
     ROLLOUT_LIVE,
     Alias,
+    AliasPolicy,
     AliasRollout,
     ModelVersion,
     PromotionKind,
@@ -65,6 +66,7 @@ from registry.models import (
     RolloutState,
     VersionStatus,
 )
+from registry.policy.rules import PolicyCheck, policy_check, policy_in_force
 from registry.provenance import services as provenance
 from registry.rollout import services as rollouts
 from registry.shadow import services as shadows
@@ -915,7 +917,8 @@ def comparison(old: ModelVersion, new: ModelVersion, alias: Alias | None = None)
     """
     changes = signature_compare(old.signature, new.signature)
     measured = compare(new, old, alias.name if alias is not None else "")
-    policy = promotions.alias_policy(alias) if alias is not None else {}
+    # The alias's settings are its policy only while it has none written (then its rules say, rule by rule).
+    policy = promotions.alias_policy(alias) if alias is not None and policy_in_force(alias).builtin else {}
     derived = new if new.derived_from_id == old.pk else (old if old.derived_from_id == new.pk else None)
     return {
         "measured": measured,
@@ -950,6 +953,82 @@ def version_compare(request: HttpRequest, name: str) -> HttpResponse:
 
 # --- Promotion requests -------------------------------------------------------------------------------
 
+# How a rule's result reads on a page, in words (never only a colour): the text and the badge's class.
+_RULE_MARKS = {
+    "passed": ("passed", "ok"),
+    "failed": ("failed", "bad"),
+    "waiting": ("waiting for approval", "warn"),
+}
+
+
+def policy_display(data: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A policy's results, as ``PolicyCheck.as_json()`` (or a request's ``policy_results``) gives them, for a page.
+
+    None: not checked (a request made before promotion policies existed has no results).
+    """
+    if not data:
+        return None
+    rules = []
+    for rule in data.get("rules") or []:
+        result = "passed" if rule.get("passed") else "waiting" if rule.get("waiting") else "failed"
+        mark, badge = _RULE_MARKS[result]
+        rules.append(
+            {
+                "name": str(rule.get("name") or ""),
+                "why": str(rule.get("why") or ""),
+                "result": result,
+                "mark": mark,
+                "badge": badge,
+            }
+        )
+    return {
+        "number": data.get("policy"),
+        "builtin": bool(data.get("builtin")),
+        "rules": rules,
+        "failing": [r["name"] for r in rules if r["result"] == "failed"],
+        "waiting": [r["name"] for r in rules if r["result"] == "waiting"],
+    }
+
+
+def _rule_rows(
+    rules: Sequence[Mapping[str, Any]], other: Sequence[Mapping[str, Any]], gone: str
+) -> list[dict[str, Any]]:
+    """Rules with how each differs from ``other`` (by name): ``same``, ``changed``, or ``gone`` if it has none."""
+    by_name = {str(r.get("name")): r for r in other}
+    rows = []
+    for rule in rules:
+        name = str(rule.get("name") or "")
+        expr, message = str(rule.get("expr") or ""), str(rule.get("message") or "")
+        match = by_name.get(name)
+        if match is None:
+            change = gone
+        elif (str(match.get("expr") or ""), str(match.get("message") or "")) == (expr, message):
+            change = "same"
+        else:
+            change = "changed"
+        rows.append({"name": name, "expr": expr, "message": message, "change": change})
+    return rows
+
+
+def policy_change_display(promotion: PromotionRequest) -> dict[str, Any]:
+    """What a ``policy`` request proposes, beside the alias's policy in force now, rule by rule."""
+    record: AliasPolicy | None = promotion.policies.first()
+    in_force = policy_in_force(promotion.alias)
+    current = [{"name": r.name, "expr": r.expr, "message": r.message} for r in in_force.rules]
+    proposed = list(record.rules) if record is not None else []
+    return {
+        "number": record.number if record is not None else None,
+        "state": record.state if record is not None else None,
+        "rules": _rule_rows(proposed, current, "added"),
+        "current": {
+            "number": in_force.number,
+            "builtin": in_force.builtin,
+            # The proposed policy itself, once approved: nothing to compare it with any more.
+            "is_proposed": record is not None and in_force.record is not None and in_force.record.pk == record.pk,
+            "rules": _rule_rows(current, proposed, "removed"),
+        },
+    }
+
 
 def _promote_page(
     request: HttpRequest, model: RegisteredModel, form: PromotionRequestForm, *, error: str = "", status: int = 200
@@ -966,6 +1045,19 @@ def _promote_page(
     candidate = next((v for v in ready if v.version == number), None)
     current = alias.version if alias is not None else None
     diff = comparison(current, candidate, alias) if current is not None and candidate is not None else None
+    # What the alias's policy says of the candidate now, rule by rule, as the request will record it. A new
+    # alias has the built-in policy of an alias with default settings (it is made so when the request is).
+    check: PolicyCheck | None = None
+    if candidate is not None and current != candidate:
+        check = policy_check(alias or Alias(model=model, name=alias_name), candidate, requester=request.user)
+    if check is not None and not check.policy.builtin:
+        # A written policy replaces the alias's settings and the signature check: its failing rules need force.
+        needs_force = bool(check.failing)
+    else:
+        needs_force = diff is not None and bool(diff["breaking"] or diff["policy_violations"])
+    note = f"what it says of v{candidate.version} now" if candidate is not None else ""
+    if alias is not None and alias.protected:
+        note += "; the request records it, and it is checked again at approval"
     context = {
         "model": model,
         "form": form,
@@ -976,6 +1068,9 @@ def _promote_page(
         "current": current,
         "candidate": candidate,
         "diff": diff,
+        "policy": policy_display(check.as_json()) if check is not None else None,
+        "policy_note": note,
+        "needs_force": needs_force,
         "needs_approval": alias is not None and alias.protected,
         "signature_problem": provenance.signature_problem(alias, candidate) if alias and candidate else None,
         "waiting": selectors.promotion_list(state=PromotionState.PENDING, model_name=model.name).filter(
@@ -1071,6 +1166,14 @@ def _promotion_review(
     context = {
         "promotion": promotion,
         "diff": diff,
+        # The policy's results on the candidate, rule by rule, as recorded when it was requested and approved
+        # (None: not checked then); a policy change shows instead the rules it proposes beside those in force.
+        "policy_at_request": policy_display(promotion.policy_results) if moves else None,
+        "policy_at_approval": policy_display(promotion.policy_results_at_approval) if moves else None,
+        "policy_change": policy_change_display(promotion) if promotion.kind == PromotionKind.POLICY else None,
+        "policy_request_note": "as checked when the request was made"
+        + ("; the requester forced it, with the reason above" if promotion.force else ""),
+        "policy_approval_note": "as checked again when it was approved, with the approval",
         # The rollout the request would start, with its steps and limits (None: not a rollout's request).
         "rollout": rollout_display(rollout) if rollout is not None else None,
         "provenance": provenance.version_provenance(candidate) if candidate is not None else None,
