@@ -10,6 +10,7 @@ for the missing evidence, before it exists.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 import pytest
@@ -38,6 +39,12 @@ RULES = [
     {"name": "approvals", "expr": 'approvals.exists(a, a.user == "ana" && "approver" in a.roles)'},
 ]
 SCORES = np.array([[0.0, 1.0, 2.0, 3.0], [3.0, 2.0, 1.0, 0.0]], dtype=np.float32)
+
+
+@pytest.fixture(autouse=True)
+def _unhurried(settings: Any) -> None:
+    """Rules run under a deadline no busy CI machine reaches (the engine's tests test the deadline)."""
+    settings.POLICY_EVAL_TIMEOUT_MS = 10_000
 
 
 @pytest.fixture
