@@ -196,6 +196,8 @@ MAX_JSON_DEPTH = env_int("MODELYARD_MAX_JSON_DEPTH", 64, minimum=1)
 # for good, so the defaults keep one within a few KiB.
 MAX_TAGS = env_int("MODELYARD_MAX_TAGS", 32, minimum=1)
 MAX_TAG_CHARS = env_int("MODELYARD_MAX_TAG_CHARS", 64, minimum=1)
+# Datasets named in one version's lineage (source_datasets), each kept in its upload's or edit's audit event.
+MAX_SOURCE_DATASETS = env_int("MODELYARD_MAX_SOURCE_DATASETS", 50, minimum=1)
 # A client that sends no body bytes for this long has its request ended (408), so a stalled upload
 # cannot hold a server thread for as long as it likes. Also applies to /v2 request bodies.
 BODY_IDLE_TIMEOUT_SECONDS = env_float("MODELYARD_BODY_IDLE_TIMEOUT_SECONDS", 60.0, minimum=0.01)
@@ -278,6 +280,9 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "expire-promotions": {"task": "registry.tasks.expire_promotions", "schedule": 300.0},
     "fail-lost-jobs": {"task": "registry.tasks.fail_lost_jobs", "schedule": 300.0},
     "collect-orphaned-artifacts": {"task": "registry.tasks.collect_orphaned_artifacts", "schedule": 3600.0},
+    "purge-deleted-versions": {"task": "registry.tasks.purge_deleted_versions", "schedule": 300.0},
+    # Archives or deletes what each model's retention rule no longer keeps (registry/lifecycle/retention.py).
+    "apply-retention": {"task": "registry.tasks.apply_retention", "schedule": 3600.0},
     "summarise-auth-failures": {"task": "registry.tasks.summarise_auth_failures", "schedule": 60.0},
     "retry-webhook-deliveries": {"task": "registry.tasks.retry_webhook_deliveries", "schedule": 30.0},
     # Incremental: each run checks only the events appended since the last one (at most AUDIT_VERIFY_MAX_EVENTS).

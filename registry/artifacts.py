@@ -3,8 +3,10 @@
 Every upload writes under a fresh prefix, ``artifacts/<model>/<upload id>/<file name>``: the random
 upload id means no later upload can overwrite an earlier one's files, and an upload that fails
 leaves objects only under its own prefix. Objects are referenced by ``ModelFile.storage_key``; an
-object that no row references (an upload whose process died before its commit) is deleted by
-:func:`collect_orphans` once it is older than the grace period.
+object that no row references (an upload whose process died before its commit), or only a version
+whose deletion has already removed its files (``purged_at``), is deleted by :func:`collect_orphans`
+once it is older than the grace period. A deleted version's objects awaiting removal are left to
+its purge (``registry/lifecycle/services.py``).
 """
 
 from __future__ import annotations
@@ -53,8 +55,11 @@ def collect_orphans(*, grace: timedelta) -> list[str]:
     batch: list[str] = []
 
     def flush() -> None:
-        referenced = set(ModelFile.objects.filter(storage_key__in=batch).values_list("storage_key", flat=True))
-        referenced |= set(VersionSignature.objects.filter(storage_key__in=batch).values_list("storage_key", flat=True))
+        # A live version's objects, and a deleted one's until its purge has removed them (a pending
+        # deletion, which the purge finishes); a purged version's objects are no one's.
+        kept = {"storage_key__in": batch, "version__purged_at__isnull": True}
+        referenced = set(ModelFile.objects.filter(**kept).values_list("storage_key", flat=True))
+        referenced |= set(VersionSignature.objects.filter(**kept).values_list("storage_key", flat=True))
         for key in batch:
             if key not in referenced:
                 storage.delete(key)

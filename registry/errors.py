@@ -69,6 +69,10 @@ class ForceNeedsReason(InvalidInput):
         super().__init__("force=true needs a reason")
 
 
+class Gone(RegistryError):
+    """What the request names existed but was deleted: a deleted version's files."""
+
+
 class PayloadTooLarge(RegistryError):
     """An upload, or its form fields, passed a size limit."""
 

@@ -39,6 +39,7 @@ from modelyard.error_body import error_body
 from modelyard.streaming import BodyIdleTimeout, BodyTooLarge
 from registry import errors
 from registry.errors import InvalidInput
+from registry.lifecycle.lineage import LINEAGE_FIELDS
 from registry.uploads import UploadFields
 from storage import StorageError
 
@@ -50,6 +51,7 @@ STATUS: dict[type[Exception], int] = {
     errors.PermissionDenied: 403,
     errors.NotFound: 404,
     errors.Conflict: 409,
+    errors.Gone: 410,
     errors.PayloadTooLarge: 413,
     errors.StorageDown: 503,
     StorageError: 503,  # a storage failure outside an upload (a download, say)
@@ -226,7 +228,7 @@ class MultipartUpload:
     """The upload in one request's multipart body; use as a context manager around ``version_upload``.
 
     ``request`` is a DRF or a Django request whose body has not been read yet; every ``file`` part
-    is a file of the upload, in order, and the ``description`` and ``metadata`` fields its text.
+    is a file of the upload, in order, and the ``description``, ``metadata`` and lineage fields its text.
     """
 
     def __init__(self, request: Any) -> None:
@@ -270,7 +272,8 @@ class MultipartUpload:
         if self._error is not None:
             raise self._error
         post = self._request.POST  # parsed already, by the thread
-        return UploadFields(description=post.get("description", ""), metadata=post.get("metadata"))
+        lineage = {name: post[name] for name in LINEAGE_FIELDS if name in post}
+        return UploadFields(description=post.get("description", ""), metadata=post.get("metadata"), lineage=lineage)
 
     def _offer(self, name: str) -> ChunkPipe:
         pipe = ChunkPipe(self._aborted)

@@ -112,6 +112,9 @@ class RegisteredModel(models.Model):
     instances = models.PositiveSmallIntegerField(null=True, blank=True, default=None)
     # The last version number handed out; bumped under a row lock so numbers never repeat.
     last_version = models.PositiveIntegerField(default=0)
+    # Its retention rule, {"keep_last", "keep_days", "then": "archive"|"delete"}, or null for none
+    # (registry/lifecycle/retention.py applies it periodically).
+    retention = models.JSONField(null=True, blank=True, default=None)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -165,6 +168,38 @@ class ModelVersion(models.Model):
     # Whether concurrent requests may be merged along the first dimension (onnxkit/validation.py), and why.
     batch_check = models.CharField(max_length=24, choices=BatchCheck.choices, default=BatchCheck.UNCHECKED)
     batch_note = models.TextField(blank=True, default="")
+    # Where it came from (set on upload or later by its uploader, audited): the training run, the code's
+    # commit, and the datasets it was trained on, [{"name", "digest"}]. The parent is ``derived_from``.
+    source_run_url = models.CharField(max_length=2048, blank=True, default="", db_default="")
+    source_commit = models.CharField(max_length=64, blank=True, default="", db_default="")
+    source_datasets = models.JSONField(default=list, blank=True, db_default=[])
+    # Its life after release (registry/lifecycle/): archived versions keep their bytes but are hidden from
+    # lists and cannot be promoted; a held one cannot be deleted by anyone or any retention rule.
+    archived_at = models.DateTimeField(null=True, blank=True)
+    archived_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    held_at = models.DateTimeField(null=True, blank=True)
+    held_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    hold_reason = models.TextField(blank=True, default="", db_default="")
+    # A deleted version is a tombstone: the row (number, digests, who, when, why) stays forever and the
+    # number is never reused. Deleting is two-phase: ``deleted_at`` is set first; the files are removed
+    # from the store afterwards by a job that retries until ``purged_at`` is set.
+    deleted_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    deleted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    delete_reason = models.TextField(blank=True, default="", db_default="")
+    purged_at = models.DateTimeField(null=True, blank=True)
+    purge_attempts = models.PositiveIntegerField(default=0, db_default=0)
+    purge_error = models.TextField(blank=True, default="", db_default="")
+    # Database defaults on the columns that are not null: a registry of the previous release, during a
+    # rolling upgrade, inserts versions without them.
+    # The last time an inference process reported it loaded (heartbeats; at most once a minute), so that
+    # retention keeps what was served recently.
+    last_served_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["model_id", "-version"]
@@ -173,6 +208,21 @@ class ModelVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model.name} v{self.version}"
+
+    @property
+    def lifecycle(self) -> str:
+        """``deleted`` (a tombstone), ``archived`` or ``active``; a hold is separate (``held_at``)."""
+        if self.deleted_at is not None:
+            return "deleted"
+        return "archived" if self.archived_at is not None else "active"
+
+    def lifecycle_refusal(self, use: str) -> str | None:
+        """Why an archived or deleted version may not be put to ``use`` ("set on an alias"); None when active."""
+        if self.deleted_at is not None:
+            return f"version {self.version} is deleted; it cannot be {use}"
+        if self.archived_at is not None:
+            return f"version {self.version} is archived; unarchive it before it can be {use}"
+        return None
 
     @property
     def model_file(self) -> ModelFile:

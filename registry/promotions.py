@@ -26,11 +26,13 @@ from registry.comparison import compare, policy_violations
 from registry.errors import Conflict, ForceNeedsReason, ForceRequired, InvalidInput, NotFound, PermissionDenied
 from registry.models import (
     PRODUCTION,
+    ROLLOUT_LIVE,
     Alias,
     AliasMove,
     AliasMoveKind,
     AliasPolicy,
     AliasRollout,
+    AliasShadow,
     AuditEvent,
     ModelVersion,
     PolicyState,
@@ -351,6 +353,8 @@ def alias_set(
     """Point an alias at a ready version, or open a promotion request when the alias is protected."""
     model = _locked_model(model)
     version = _version(model, version_number)
+    if refusal := version.lifecycle_refusal("set on an alias"):
+        raise Conflict(refusal)
     if version.status != VersionStatus.READY:
         raise Conflict(f"version {version.version} is {version.status}; only a ready version can be set on an alias")
     alias = _locked_alias(model, alias_name, create=True)
@@ -430,9 +434,51 @@ def alias_rollback(*, model: RegisteredModel, alias_name: str, actor: Actor, rea
     if last is None or last.from_version is None:
         raise Conflict(f"alias '{alias_name}' has no earlier version to roll back to")
     target = last.from_version
+    if refusal := target.lifecycle_refusal("served again by a rollback"):
+        raise Conflict(refusal)
     if target.status != VersionStatus.READY:
         raise Conflict(f"the previous version {target.version} is {target.status}; it cannot serve again")
     return _move(alias=alias, to=target, actor=actor, kind=AliasMoveKind.ROLLBACK, reason=reason)
+
+
+@transaction.atomic(durable=True)
+def alias_clear(*, model: RegisteredModel, alias_name: str, actor: Actor, reason: str = "") -> Alias:
+    """Point an unprotected alias at nothing (maintainer): what it served stops, and its versions may be deleted.
+
+    Its history stays. A protected alias is unprotected first (with a second person's approval); an alias
+    with a live rollout or a running shadow is refused until they end. Clearing an empty alias changes nothing.
+    """
+    if not has_role(actor.user, Role.MAINTAINER):
+        raise PermissionDenied(f"clearing alias '{alias_name}' needs the maintainer or admin role")
+    model = _locked_model(model)
+    alias = _locked_alias(model, alias_name, create=False)
+    if alias is None:
+        raise NotFound(f"model '{model.name}' has no alias '{alias_name}'")
+    if alias.version is None:
+        return alias
+    if alias.protected:
+        raise Conflict(
+            f"alias '{alias_name}' is protected: unprotect it first (PATCH protected=false, approved by a second "
+            "person), then clear it"
+        )
+    if AliasRollout.objects.filter(alias=alias, state__in=ROLLOUT_LIVE).exists():
+        raise Conflict(f"alias '{alias_name}' has a rollout under way; abort it first")
+    if AliasShadow.objects.filter(alias=alias, ended_at__isnull=True).exists():
+        raise Conflict(f"a shadow runs on alias '{alias_name}'; stop it first")
+    before = _alias_state(alias)
+    alias.version = None
+    alias.save(update_fields=["version", "updated_at"])
+    audit_record(
+        actor=actor,
+        action="alias.clear",
+        target_type="alias",
+        target=f"{model.name}@{alias.name}",
+        model_name=model.name,
+        before=before,
+        after={"version": None, "reason": reason},
+    )
+    _notify_after_commit(alias)
+    return alias
 
 
 @transaction.atomic(durable=True)
@@ -700,6 +746,9 @@ def promotion_approve(*, promotion_id: int, actor: Actor, reason: str = "") -> P
         return promotion
     version = promotion.version
     assert version is not None  # a move request always names its version (a database constraint)
+    version = ModelVersion.objects.select_for_update(of=("self",)).select_related("model").get(pk=version.pk)
+    if refusal := version.lifecycle_refusal("promoted"):
+        raise Conflict(refusal)
     if version.status != VersionStatus.READY:
         raise Conflict(f"version {version.version} is no longer ready ({version.status}); it cannot be promoted")
     if alias.version_id != promotion.base_version_id:

@@ -30,6 +30,7 @@ logger = logging.getLogger(__name__)
 VALIDATE_TASK = "registry.tasks.validate_version"
 # The name it had in registry/tasks.py, kept for the messages queued before it joined registry/tasks.py.
 DERIVE_TASK = "registry.derive_tasks.derive_version"
+PURGE_TASK = "registry.tasks.purge_deleted_version"
 
 
 def task(name: str) -> Any:
@@ -133,3 +134,21 @@ def _derive_in_process(job_id: int) -> None:
 
 
 _derive_thread = JobThread(name="modelyard-derive", run=_derive_in_process)
+
+
+# --- Deleted versions' files -----------------------------------------------------------------------
+
+
+def purge_enqueue(version_id: int) -> None:
+    """Queue the removal of a deleted version's files; called once the deletion is committed.
+
+    Nothing may escape: the deletion has succeeded by now. A removal that is never queued, or that fails,
+    is done by the periodic ``purge-deleted-versions`` job. Without a broker it runs here, on the
+    request's thread: a few deletes in the store.
+    """
+    try:
+        task(PURGE_TASK).delay(version_id)
+    except Exception:
+        logger.exception(
+            "could not queue the removal of deleted version %s's files; the periodic job does it", version_id
+        )

@@ -44,14 +44,27 @@ def _filter_tag(models: QuerySet[RegisteredModel], tag: str) -> QuerySet[Registe
     return RegisteredModel.objects.filter(pk__in=ids)
 
 
-def version_list(*, model: RegisteredModel, status: str = "") -> QuerySet[ModelVersion]:
+# Which versions a list shows by their lifecycle: active ones by default; archived, tombstones, or all on request.
+LIFECYCLES = ("active", "archived", "deleted", "all")
+
+
+def version_list(*, model: RegisteredModel, status: str = "", lifecycle: str = "all") -> QuerySet[ModelVersion]:
+    """A model's versions, newest first: only those with ``status``, and ``lifecycle`` (one of :data:`LIFECYCLES`)."""
     versions = (
         ModelVersion.objects.filter(model=model)
-        .select_related("model", "created_by")
+        .select_related("model", "created_by", "archived_by", "held_by", "deleted_by")
         .prefetch_related(Prefetch("files", queryset=ModelFile.objects.order_by("id")))
     )
     if status:
         versions = versions.filter(status=status)
+    if lifecycle == "active":
+        versions = versions.filter(archived_at__isnull=True, deleted_at__isnull=True)
+    elif lifecycle == "archived":
+        versions = versions.filter(archived_at__isnull=False, deleted_at__isnull=True)
+    elif lifecycle == "deleted":
+        versions = versions.filter(deleted_at__isnull=False)
+    elif lifecycle != "all":
+        raise ValueError(f"lifecycle must be one of {LIFECYCLES}, not {lifecycle!r}")
     return versions.order_by("-version")
 
 

@@ -9,7 +9,7 @@ promotions in ``registry/promotions.py``; a version is created only through
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from registry.audit.chain import Actor, audit_record, audit_version
 from registry.errors import Conflict
+from registry.lifecycle.lineage import duplicate_of, lineage_update, parent_for
 from registry.models import DeriveJob, FileRole, JobStatus, ModelFile, ModelVersion, RegisteredModel, VersionStatus
 from registry.promotions import alias_create_defaults
 from registry.provenance.services import SignedBundle, signatures_record
@@ -119,10 +120,19 @@ def version_create(
     actor: Actor,
     derivation: Derivation | None = None,
     signatures: Sequence[SignedBundle] = (),
+    lineage: Mapping[str, Any] | None = None,
+    allow_duplicate: bool = False,
 ) -> ModelVersion:
     """Record an uploaded bundle as a new ``pending`` version: the inner, transactional step of an upload.
 
     ``signatures``: the uploader's bundle, verified by the upload service, recorded with the files.
+    ``lineage``: the source fields and the parent's number the upload named, checked by the upload service
+    (``registry.lifecycle.lineage``); the parent is looked up here, under the model's lock.
+
+    Files byte for byte those of a version of the model that is not deleted are refused (Conflict, naming
+    it) unless ``allow_duplicate``, checked under the same lock, so two identical uploads at once make one
+    version. A derived version is exempt: the registry built it on request, and it records what an upload
+    of the same bytes would not (its parent, recipe, accuracy delta and signed derivation statement).
 
     Only the upload service (``registry.uploads.version_upload``) calls this: it has checked and
     stored the files (the first is the .onnx model), and it queues the validation once this commits.
@@ -130,6 +140,18 @@ def version_create(
     if not files:
         raise ValueError("a version needs at least its .onnx file")
     model = RegisteredModel.objects.select_for_update().get(pk=model.pk)
+    lineage = dict(lineage or {}) if derivation is None else {}
+    parent = derivation.parent if derivation else None
+    if lineage.get("parent") is not None:
+        parent = parent_for(model, lineage["parent"])
+    if derivation is None and not allow_duplicate:
+        duplicate = duplicate_of(model, files)
+        if duplicate is not None:
+            raise Conflict(
+                f"these bytes are already version {duplicate.version} of model '{model.name}' (the same files, "
+                "byte for byte); send allow_duplicate=true to upload them again",
+                {"version": duplicate.version},
+            )
     model.last_version += 1
     model.save(update_fields=["last_version", "updated_at"])
     onnx_file = files[0]
@@ -142,9 +164,12 @@ def version_create(
         sha256=onnx_file.sha256,
         size_bytes=sum(f.size_bytes for f in files),
         created_by=actor.user,
-        derived_from=derivation.parent if derivation else None,
+        derived_from=parent,
         recipe=derivation.recipe if derivation else {},
         accuracy=derivation.accuracy if derivation else {},
+        source_run_url=lineage.get("source_run_url", ""),
+        source_commit=lineage.get("source_commit", ""),
+        source_datasets=lineage.get("source_datasets", []),
     )
     ModelFile.objects.bulk_create(
         ModelFile(
@@ -163,6 +188,7 @@ def version_create(
         "size_bytes": version.size_bytes,
         "files": [{"name": f.name, "sha256": f.sha256, "size_bytes": f.size_bytes} for f in files],
     }
+    after.update(lineage)  # only the fields the upload set
     if signatures:
         signatures_record(version, signatures)
         after["signed_by"] = [{"name": s.signer, "key_id": s.key_id, "kind": s.kind} for s in signatures]
@@ -186,29 +212,39 @@ EDITABLE_VERSION_FIELDS = ("description", "tags")
 
 
 @transaction.atomic(durable=True)
-def version_update(*, version: ModelVersion, actor: Actor, **changes: Any) -> ModelVersion:
-    """Edit a version's description and tags; its files and metadata never change. Unknown fields are a bug.
+def version_update(
+    *, version: ModelVersion, actor: Actor, lineage: Mapping[str, Any] | None = None, **changes: Any
+) -> ModelVersion:
+    """Edit a version's description and tags, and its lineage; its files and metadata never change.
 
     Only the fields whose value changes are written and audited (``version.update``, before and after);
-    an edit that changes nothing writes nothing.
+    an edit that changes nothing writes nothing. ``lineage`` holds the lineage fields sent, as sent:
+    checked, changed only by the uploader or an admin, and audited as ``version.lineage``
+    (``registry.lifecycle.lineage.lineage_update``). Unknown fields are a bug.
     """
     unknown = set(changes) - set(EDITABLE_VERSION_FIELDS)
     if unknown:
         raise TypeError(f"version_update() got unexpected fields {sorted(unknown)}")
-    version = ModelVersion.objects.select_for_update().select_related("model").get(pk=version.pk)
+    version = (
+        ModelVersion.objects.select_for_update(of=("self",))
+        .select_related("model", "created_by", "derived_from")
+        .get(pk=version.pk)
+    )
+    saved = lineage_update(version, lineage, actor=actor) if lineage else []
     changed = {name: list(value) if name == "tags" else value for name, value in changes.items()}
     changed = {name: value for name, value in changed.items() if getattr(version, name) != value}
-    if not changed:
+    if not changed and not saved:
         return version
     before = {name: getattr(version, name) for name in changed}
     for name, value in changed.items():
         setattr(version, name, value)
-    version.save(update_fields=list(changed))
-    audit_version(
-        version,
-        actor=actor,
-        action="version.update",
-        before=before,
-        after=changed,
-    )
+    version.save(update_fields=[*changed, *saved])
+    if changed:
+        audit_version(
+            version,
+            actor=actor,
+            action="version.update",
+            before=before,
+            after=changed,
+        )
     return version

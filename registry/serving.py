@@ -35,6 +35,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from registry import notify
@@ -526,6 +527,24 @@ def worker_heartbeat(report: WorkerReport) -> None:
     )
     if report.shadows:
         _shadow_tallies_write(report.worker_id, report.shadows)
+    _versions_served_stamp(report.loaded)
+
+
+# How often a served version's ``last_served_at`` is written: retention counts in days.
+SERVED_STAMP_SECONDS = 60
+
+
+def _versions_served_stamp(rows: tuple[LoadedRow, ...]) -> None:
+    """Stamp the versions the worker serves as served now (once a minute at most), for retention rules."""
+    served = Q()
+    for row in rows:
+        if row.state == LoadState.READY:
+            served |= Q(model__name=row.model, version=row.version)
+    if not served.children:
+        return
+    now = timezone.now()
+    stale = Q(last_served_at__isnull=True) | Q(last_served_at__lt=now - timedelta(seconds=SERVED_STAMP_SECONDS))
+    ModelVersion.objects.filter(served).filter(stale).update(last_served_at=now)
 
 
 def _shadow_tallies_write(worker_id: str, rows: tuple[ShadowTallyRow, ...]) -> None:

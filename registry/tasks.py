@@ -21,6 +21,8 @@ from registry.audit import verify as audit_verify
 from registry.benchmarks import services as benchmarks
 from registry.derive import job as derive_job
 from registry.derive import services as derive
+from registry.lifecycle import retention
+from registry.lifecycle import services as lifecycle
 from registry.models import ModelVersion
 from registry.provenance import services as provenance
 from registry.rollout import services as rollouts
@@ -110,6 +112,25 @@ def collect_orphaned_artifacts(grace_seconds: int | None = None) -> list[str]:
     """Delete stored objects that no version references, once they are older than the grace period."""
     grace = settings.GC_GRACE_SECONDS if grace_seconds is None else grace_seconds
     return artifacts.collect_orphans(grace=timedelta(seconds=grace))
+
+
+@shared_task(name=queueing.PURGE_TASK, acks_late=True, reject_on_worker_lost=True)
+def purge_deleted_version(version_id: int) -> bool:
+    """Phase two of a version's deletion: remove its files from the store (safe to deliver twice)."""
+    return lifecycle.version_purge(version_id)
+
+
+@shared_task
+def purge_deleted_versions() -> list[int]:
+    """Finish the removal of every deleted version's files that a failure or a lost task left pending."""
+    return lifecycle.versions_purge_pending()
+
+
+@shared_task
+def apply_retention() -> dict[str, list[dict[str, Any]]]:
+    """Archive or delete what each model's retention rule no longer keeps; what it did, by model."""
+    done = retention.retention_apply_all()
+    return {name: [action.as_json() for action in actions] for name, actions in done.items() if actions}
 
 
 @shared_task

@@ -9,7 +9,10 @@ the tests, and the coming UI upload form), so every check applies on every path:
 - the model file's structure, sniffed as it streams (empty, not ONNX, truncated), and its IR
   version and opset against what the installed ONNX Runtime loads;
 - the description and metadata: a JSON object within ``MODELYARD_MAX_JSON_DEPTH``, together within
-  ``MODELYARD_MAX_FORM_BYTES``; either one empty or blank, as a form sends a field left empty, means none.
+  ``MODELYARD_MAX_FORM_BYTES``; either one empty or blank, as a form sends a field left empty, means none;
+- the lineage (``source_run_url``, ``source_commit``, ``source_datasets``, ``parent``;
+  ``registry/lifecycle/lineage.py``), each empty one not set;
+- files byte for byte those of a version of the model are refused, naming it, unless ``allow_duplicate``.
 
 An upload is an :class:`UploadSource`: its files, each a readable stream, in order, then its text
 fields, asked for only once every file is stored (a multipart form may send them last). The API
@@ -28,7 +31,7 @@ import io
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
@@ -52,6 +55,7 @@ from registry.errors import (
     UnsupportedModel,
 )
 from registry.jsondoc import JSONRefused, check_json, load_json
+from registry.lifecycle.lineage import lineage_problems
 from registry.models import ModelVersion, RegisteredModel, SignatureKind
 from registry.provenance import services as provenance
 from storage import ArtifactStorage, StorageError, StorageUnavailable, WriteResult, get_storage
@@ -68,6 +72,8 @@ class UploadFields:
     description: str = ""
     # A JSON object: a mapping, or its text as a form sends it. None means {}.
     metadata: Mapping[str, Any] | str | None = None
+    # The lineage fields sent (registry.lifecycle.lineage.LINEAGE_FIELDS), as text from a form or as values.
+    lineage: Mapping[str, Any] = field(default_factory=dict)
 
 
 class UploadSource(Protocol):
@@ -89,6 +95,7 @@ class LocalUpload:
     parts: Sequence[tuple[str, bytes | Path | BinaryIO]]
     description: str = ""
     metadata: Mapping[str, Any] | str | None = None
+    lineage: Mapping[str, Any] = field(default_factory=dict)
 
     def files(self) -> Iterator[tuple[str, BinaryIO]]:
         for name, content in self.parts:
@@ -101,17 +108,24 @@ class LocalUpload:
                 yield name, content
 
     def fields(self) -> UploadFields:
-        return UploadFields(description=self.description, metadata=self.metadata)
+        return UploadFields(description=self.description, metadata=self.metadata, lineage=self.lineage)
 
 
 @metrics.timed_upload
 def version_upload(
-    *, model: RegisteredModel, source: UploadSource, actor: Actor, derivation: services.Derivation | None = None
+    *,
+    model: RegisteredModel,
+    source: UploadSource,
+    actor: Actor,
+    derivation: services.Derivation | None = None,
+    allow_duplicate: bool = False,
 ) -> ModelVersion:
     """Store, check and record one upload as a new ``pending`` version of ``model``; queue its validation.
 
     ``derivation`` marks a version built from another (``registry/derive/job.py``): it records the
     parent, the recipe and the accuracy delta, and finishes the derive job in the same transaction.
+    Files byte for byte those of a version of ``model`` are refused unless ``allow_duplicate`` (a derived
+    version is exempt: ``registry.services.version_create`` says why).
 
     Raises a :class:`~registry.errors.RegistryError` naming what was refused, and then leaves
     nothing behind: no row, and no stored object (short of storage refusing the deletes, when the
@@ -123,7 +137,7 @@ def version_upload(
     files = iter(source.files())
     try:
         _store_files(files, prefix=prefix, stored=stored, bundles=bundles)
-        description, metadata = _checked_fields(source.fields())
+        description, metadata, lineage = _checked_fields(source.fields())
         digests = {item.name: item.sha256 for item in stored}
         signatures = [provenance.uploaded_bundle_check(data, digests, key) for data, key in bundles]
         version = services.version_create(
@@ -134,6 +148,8 @@ def version_upload(
             actor=actor,
             derivation=derivation,
             signatures=signatures,
+            lineage=lineage,
+            allow_duplicate=allow_duplicate,
         )
     except BaseException:
         # Nothing was committed: version_create raised before its commit, or was never reached.
@@ -281,17 +297,20 @@ def _write(storage: ArtifactStorage, key: str, reader: _CheckedReader) -> WriteR
 # --- Text fields -------------------------------------------------------------------------------------
 
 
-def _checked_fields(fields: UploadFields) -> tuple[str, dict[str, Any]]:
-    """The description (trimmed) and metadata, or InvalidInput naming each field that breaks a rule.
+def _checked_fields(fields: UploadFields) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """The description (trimmed), metadata and lineage, or InvalidInput naming each field that breaks a rule.
 
-    A form sends its fields left empty as empty text: blank metadata, like a blank description, means none.
+    A form sends its fields left empty as empty text: blank metadata, like a blank description or a blank
+    lineage field, means none.
     """
     metadata_text = fields.metadata if isinstance(fields.metadata, str) else None
     if metadata_text is not None and not metadata_text.strip():
         metadata_text = None
-        fields = UploadFields(description=fields.description, metadata=None)
+        fields = UploadFields(description=fields.description, metadata=None, lineage=fields.lineage)
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    if limit is not None and len(fields.description.encode()) + _json_size(fields.metadata) > limit:
+    sent = len(fields.description.encode()) + _json_size(fields.metadata)
+    sent += sum(_json_size(value) for value in fields.lineage.values())
+    if limit is not None and sent > limit:
         raise FormTooLarge(limit)
     problems: dict[str, list[str]] = {}
     description = fields.description.strip()
@@ -308,14 +327,16 @@ def _checked_fields(fields: UploadFields) -> tuple[str, dict[str, Any]]:
     else:
         if not isinstance(metadata, dict):
             problems["metadata"] = ["metadata must be a JSON object"]
+    lineage, lineage_refused = lineage_problems(fields.lineage, form=True)
+    problems.update(lineage_refused)
     if problems:
-        message = "; ".join(f"{field}: {' '.join(texts)}" for field, texts in problems.items())
+        message = "; ".join(f"{name}: {' '.join(texts)}" for name, texts in problems.items())
         raise InvalidInput(message, problems)
-    return description, metadata
+    return description, metadata, lineage
 
 
-def _json_size(value: Mapping[str, Any] | str | None) -> int:
-    """Bytes of the metadata as a form would send it."""
+def _json_size(value: Any) -> int:
+    """Bytes of a field (the metadata, a lineage field) as a form would send it."""
     if value is None:
         return 0
     return len((value if isinstance(value, str) else json.dumps(value, default=str)).encode())

@@ -23,7 +23,18 @@ from modelyard.client.config import DEFAULT_PROFILE, save_profile
 from modelyard.client.core import BUNDLE, Client, file_digests, token_from_password
 from modelyard.client.errors import ApiError, BadRequest, ConfigError, ModelyardError, NotFound, ValidationFailed
 from modelyard.client.tensors import NUMPY_OF
-from modelyard.client.types import Alias, AliasMove, Policy, PolicyRule, Promotion, Shadow, ShadowSide, Version
+from modelyard.client.types import (
+    Alias,
+    AliasMove,
+    Policy,
+    PolicyRule,
+    Promotion,
+    RetentionPlan,
+    RetentionRule,
+    Shadow,
+    ShadowSide,
+    Version,
+)
 
 Handler = Callable[[argparse.Namespace, Client], int]
 
@@ -162,6 +173,11 @@ def cmd_push(args: argparse.Namespace, client: Client) -> int:
         progress=progress,
         create_model=False,
         signature=signature,
+        source_run_url=args.source_run_url or "",
+        source_commit=args.source_commit or "",
+        source_datasets=args.dataset or (),
+        parent=args.parent,
+        allow_duplicate=args.allow_duplicate,
     )
     if not args.no_wait:
         try:
@@ -186,16 +202,158 @@ def cmd_push(args: argparse.Namespace, client: Client) -> int:
     return 1 if version.status == "failed" else 0
 
 
+def _dataset(text: str) -> dict[str, str]:
+    """``NAME=DIGEST`` of ``--dataset``; split at the first ``=``, so a digest may hold more (base64 padding)."""
+    name, sep, digest = text.partition("=")
+    if not sep or not name.strip() or not digest.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=DIGEST, got {text!r}")
+    return {"name": name.strip(), "digest": digest.strip()}
+
+
+def _lineage_lines(version: Version) -> list[str]:
+    datasets = [f"{d.get('name')} {d.get('digest')}" for d in version.source_datasets]
+    parent = "-" if version.derived_from is None else str(version.derived_from)
+    if version.derived_from is not None:
+        recipe = (version.raw.get("recipe") or {}).get("recipe")
+        parent += f" (derived by the registry: {recipe})" if recipe else " (named by its uploader)"
+    return [
+        f"{version.model} version {version.version}",
+        f"  run      {version.source_run_url or '-'}",
+        f"  commit   {version.source_commit or '-'}",
+        *[f"  dataset  {line}" for line in datasets or ["-"]],
+        f"  parent   {parent}",
+    ]
+
+
+def cmd_lineage(args: argparse.Namespace, client: Client) -> int:
+    changing = (
+        args.source_run_url is not None
+        or args.source_commit is not None
+        or args.dataset is not None
+        or args.no_datasets
+        or args.parent is not None
+        or args.no_parent
+    )
+    if args.dataset and args.no_datasets:
+        raise ConfigError("--dataset and --no-datasets: give one")
+    if args.parent is not None and args.no_parent:
+        raise ConfigError("--parent and --no-parent: give one")
+    if changing:
+        version = client.set_lineage(
+            args.name,
+            args.version,
+            source_run_url=args.source_run_url,
+            source_commit=args.source_commit,
+            source_datasets=[] if args.no_datasets else args.dataset,
+            parent=args.parent,
+            clear_parent=args.no_parent,
+        )
+    else:
+        version = client.get_version(args.name, args.version)
+    if args.json:
+        _print_json(version.raw)
+        return 0
+    for line in _lineage_lines(version):
+        print(line)
+    return 0
+
+
+def cmd_card(args: argparse.Namespace, client: Client) -> int:
+    text = client.card(args.name, args.version)
+    if args.output is None:
+        sys.stdout.write(text)
+        return 0
+    Path(args.output).write_text(text, encoding="utf-8")
+    if not args.json:
+        print(f"Wrote the model card of '{args.name}' version {args.version} to {args.output}.", file=sys.stderr)
+    return 0
+
+
+def _status_of(version: Version) -> str:
+    """The validation status, and the lifecycle when it is not active (``ready, archived``, ``ready, deleted``)."""
+    marks = [version.state] if version.state != "active" else []
+    if version.lifecycle.get("hold"):
+        marks.append("held")
+    return ", ".join([version.status, *marks])
+
+
 def cmd_versions(args: argparse.Namespace, client: Client) -> int:
-    versions = client.list_versions(args.name, status=args.status)
+    versions = client.list_versions(args.name, status=args.status, lifecycle=args.lifecycle)
     if args.json:
         _print_json([v.raw for v in versions])
         return 0
     rows = [
-        (v.version, v.status, _size(v.size_bytes), v.created_by, v.created_at[:19], _one_line(v.description)[:50])
+        (v.version, _status_of(v), _size(v.size_bytes), v.created_by, v.created_at[:19], _one_line(v.description)[:50])
         for v in versions
     ]
     _table(rows, ["VERSION", "STATUS", "SIZE", "BY", "CREATED", "DESCRIPTION"])
+    return 0
+
+
+def _lifecycle_line(version: Version) -> str:
+    life = version.lifecycle
+    line = f"Version {version.version} of '{version.model}' is {version.state}"
+    if deleted := life.get("deleted"):
+        removed = "its files are removed" if deleted.get("files_removed") else "its files are being removed"
+        line += f" (by {deleted.get('by')}: {deleted.get('reason')}); {removed}"
+    if hold := life.get("hold"):
+        line += f"; under legal hold by {hold.get('by')} ({hold.get('reason')})"
+    return line + "."
+
+
+def _lifecycle_command(action: str) -> Handler:
+    def run(args: argparse.Namespace, client: Client) -> int:
+        version = getattr(client, action)(args.name, args.version, reason=args.reason)
+        if args.json:
+            _print_json(version.raw)
+        else:
+            print(_lifecycle_line(version))
+        return 0
+
+    return run
+
+
+def _confirmed(args: argparse.Namespace, question: str) -> bool:
+    """``--yes``, or a yes typed at a terminal; False (nothing done) otherwise."""
+    if args.yes:
+        return True
+    if not sys.stdin.isatty():
+        print("modelyard: not a terminal to confirm at; send --yes to delete", file=sys.stderr)
+        return False
+    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+
+
+def cmd_delete(args: argparse.Namespace, client: Client) -> int:
+    version = client.get_version(args.name, args.version)
+    files = version.files
+    print(f"Deleting version {version.version} of '{version.model}' removes these files from the store:")
+    for f in files:
+        print(f"  {f.name}  {_size(f.size_bytes)}  sha256 {f.sha256}")
+    print("Its row stays as a tombstone (number, digests, who, when, why); the number is never used again.")
+    if not _confirmed(args, f"Delete version {version.version} of '{version.model}'?"):
+        return 1
+    deleted = client.delete_version(args.name, version.version, reason=args.reason)
+    if args.json:
+        _print_json(deleted.raw)
+    else:
+        print(_lifecycle_line(deleted))
+    return 0
+
+
+def cmd_delete_model(args: argparse.Namespace, client: Client) -> int:
+    if not _confirmed(args, f"Delete model '{args.name}' and its tombstones?"):
+        return 1
+    client.delete_model(args.name, reason=args.reason)
+    print(f"Deleted model '{args.name}'; the audit log keeps its history.")
+    return 0
+
+
+def cmd_clear_alias(args: argparse.Namespace, client: Client) -> int:
+    alias = client.clear_alias(args.name, args.alias, reason=args.reason)
+    if args.json:
+        _print_json(alias.raw)
+    else:
+        print(f"Alias '{alias.alias}' of '{args.name}' points at no version now.")
     return 0
 
 
@@ -765,6 +923,69 @@ def cmd_policy_check(args: argparse.Namespace, client: Client) -> int:
     return 0 if check.passed else 1
 
 
+def _retention_rule_line(rule: RetentionRule) -> str:
+    """A rule in words: ``keep the 10 newest versions and any created, aliased or served within 90 days; ...``."""
+    newest = "the newest version" if rule.keep_last == 1 else f"the {rule.keep_last} newest versions"
+    days = "1 day" if rule.keep_days == 1 else f"{rule.keep_days} days"
+    return f"keep {newest} and any created, aliased or served within {days}; {rule.then} the others"
+
+
+def _retention_plan_lines(plan: RetentionPlan) -> list[str]:
+    """What ``retention preview`` prints: the rule, then each version it archives or deletes, then those it spares."""
+    rule = plan.rule
+    lines = [
+        f"Retention of '{plan.model}' (keep_last {rule.keep_last}, keep_days {rule.keep_days}, then {rule.then}) "
+        f"as of {_moment(plan.as_of)}:"
+    ]
+    if not plan.actions:
+        lines.append(f"  nothing to {rule.then}")
+    width = max((len(action.action) for action in plan.actions), default=0)
+    lines += [f"  {a.action:<{width}} version {a.version}: {_one_line(a.why)}" for a in plan.actions]
+    if plan.kept:
+        lines.append("Kept, though outside both windows:")
+        lines += [f"  version {k.version}: {_one_line(k.why)}" for k in plan.kept]
+    return lines
+
+
+def cmd_retention_show(args: argparse.Namespace, client: Client) -> int:
+    rule = client.retention(args.name)
+    if args.json:
+        _print_json({"model": args.name, "rule": rule.raw if rule else None})
+    elif rule is None:
+        print(f"'{args.name}' has no retention rule: no version is archived or deleted by one.")
+    else:
+        print(f"Retention of '{args.name}': {_retention_rule_line(rule)}.")
+    return 0
+
+
+def cmd_retention_set(args: argparse.Namespace, client: Client) -> int:
+    rule = client.retention_set(args.name, keep_last=args.keep_last, keep_days=args.keep_days, then=args.then)
+    if args.json:
+        _print_json({"model": args.name, "rule": rule.raw})
+        return 0
+    print(f"Retention of '{args.name}' set: {_retention_rule_line(rule)}.")
+    print(f"What the next run would do: modelyard retention preview {args.name}")
+    return 0
+
+
+def cmd_retention_clear(args: argparse.Namespace, client: Client) -> int:
+    client.retention_clear(args.name)
+    if args.json:
+        _print_json({"model": args.name, "rule": None})
+    else:
+        print(f"Removed the retention rule of '{args.name}'.")
+    return 0
+
+
+def cmd_retention_preview(args: argparse.Namespace, client: Client) -> int:
+    plan = client.retention_preview(args.name, keep_last=args.keep_last, keep_days=args.keep_days, then=args.then)
+    if args.json:
+        _print_json(plan.raw)
+    else:
+        print("\n".join(_retention_plan_lines(plan)))
+    return 0
+
+
 def _input_value(text: str, datatype: str | None) -> Any:
     """``NAME=VALUE``'s value: a .npy file, a .json file, or JSON inline, as the input's datatype."""
     import numpy as np
@@ -1073,6 +1294,30 @@ def _wait_option(parser: argparse.ArgumentParser, what: str) -> None:
     )
 
 
+def _lineage_options(parser: argparse.ArgumentParser, *, editing: bool = False) -> None:
+    clears = ' ("" clears it)' if editing else ""
+    parser.add_argument(
+        "--source-run-url", default=None, metavar="URL", help=f"the training run, an http(s) URL{clears}"
+    )
+    parser.add_argument(
+        "--source-commit", default=None, metavar="SHA", help=f"the code's commit, 7 to 64 hex characters{clears}"
+    )
+    parser.add_argument(
+        "--dataset",
+        action="append",
+        type=_dataset,
+        default=None,
+        metavar="NAME=DIGEST",
+        help="a dataset it was trained on (repeatable)" + ("; replaces those recorded" if editing else ""),
+    )
+    parser.add_argument(
+        "--parent", type=int, default=None, metavar="N", help="the version of this model it came from (an earlier one)"
+    )
+    if editing:
+        parser.add_argument("--no-datasets", action="store_true", help="clear the datasets")
+        parser.add_argument("--no-parent", action="store_true", help="clear the parent")
+
+
 def add_commands(sub: Any) -> None:
     """Add the user commands to ``modelyard``'s subcommands."""
     common = argparse.ArgumentParser(add_help=False)
@@ -1120,10 +1365,62 @@ def add_commands(sub: Any) -> None:
     p.add_argument(
         "--sign-chain", default=None, metavar="CHAIN.pem", help="the certificates above it (with --sign-cert)"
     )
+    _lineage_options(p)
+    p.add_argument(
+        "--allow-duplicate",
+        action="store_true",
+        help="upload files byte for byte those of a version of the model (else refused, naming it)",
+    )
+
+    p = command(
+        "lineage",
+        cmd_lineage,
+        "a version's lineage (training run, commit, datasets, parent); with options, change it (its uploader or an "
+        "admin)",
+    )
+    p.add_argument("name")
+    p.add_argument("version", help="a number or an alias")
+    _lineage_options(p, editing=True)
+
+    p = command("card", cmd_card, "a version's model card, in Markdown (printed, or written with -o)")
+    p.add_argument("name")
+    p.add_argument("version", help="a number or an alias")
+    p.add_argument("-o", "--output", default=None, metavar="FILE", help="write it to FILE instead of printing it")
 
     p = command("versions", cmd_versions, "list a model's versions, newest first")
     p.add_argument("name")
     p.add_argument("--status", default="", choices=["", "pending", "validating", "ready", "failed"])
+    p.add_argument(
+        "--lifecycle",
+        default="",
+        choices=["", "active", "archived", "deleted", "all"],
+        help="active (the default), archived, deleted (tombstones) or all",
+    )
+
+    for action, text in (
+        ("archive", "hide a version from lists and from promotion, keeping its bytes (maintainer role)"),
+        ("unarchive", "bring an archived version back (maintainer role)"),
+        ("hold", "place a legal hold: nobody and no retention rule may delete the version (admin or auditor)"),
+        ("release", "release a legal hold (admin or auditor)"),
+    ):
+        p = command(action, _lifecycle_command(action), text)
+        p.add_argument("name", metavar="MODEL")
+        p.add_argument("version", metavar="VERSION", help="a number or an alias")
+        p.add_argument("--reason", required=action in ("hold", "release"), default="", help="why (recorded)")
+
+    p = command("delete", cmd_delete, "delete a version: its files go, its row stays as a tombstone (admin role)")
+    p.add_argument("name", metavar="MODEL")
+    p.add_argument("version", metavar="VERSION", type=int)
+    p.add_argument("--reason", required=True, help="why (recorded)")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p = command("delete-model", cmd_delete_model, "delete a model whose versions are all deleted (admin role)")
+    p.add_argument("name", metavar="MODEL")
+    p.add_argument("--reason", required=True, help="why (recorded)")
+    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    p = command("clear-alias", cmd_clear_alias, "point an unprotected alias at no version (maintainer role)")
+    p.add_argument("name", metavar="MODEL")
+    p.add_argument("alias", metavar="ALIAS")
+    p.add_argument("--reason", default="", help="why (recorded)")
 
     p = command("show", cmd_show, "a version's files, signature, validation errors and metadata")
     p.add_argument("name")
@@ -1292,6 +1589,41 @@ def add_commands(sub: Any) -> None:
     p.add_argument("alias", metavar="ALIAS")
     p.add_argument("version", type=int, metavar="VERSION")
     p.set_defaults(func=_runner(cmd_policy_check))
+
+    retention = sub.add_parser(
+        "retention",
+        help="a model's retention rule: which old versions a periodic job archives or deletes",
+        description="A model's retention rule keeps its newest versions and those created, aliased or served "
+        "lately; an hourly job archives (or deletes) the others, sparing held versions and any still in use.",
+    )
+    actions = retention.add_subparsers(dest="retention_command", required=True)
+    p = actions.add_parser("show", parents=[common], help="the model's retention rule")
+    p.add_argument("name", metavar="MODEL")
+    p.set_defaults(func=_runner(cmd_retention_show))
+    p = actions.add_parser(
+        "set", parents=[common], help="set the model's rule (maintainer role; --then delete: admin role)"
+    )
+    p.add_argument("name", metavar="MODEL")
+    p.add_argument("--keep-last", type=int, required=True, metavar="N", help="the N newest versions are kept")
+    p.add_argument(
+        "--keep-days", type=int, required=True, metavar="D", help="versions created, aliased or served within D days"
+    )
+    p.add_argument("--then", choices=["archive", "delete"], default=None, help="what happens to the others (archive)")
+    p.set_defaults(func=_runner(cmd_retention_set))
+    p = actions.add_parser("clear", parents=[common], help="remove the model's rule (maintainer role)")
+    p.add_argument("name", metavar="MODEL")
+    p.set_defaults(func=_runner(cmd_retention_clear))
+    p = actions.add_parser(
+        "preview",
+        parents=[common],
+        help="what the next run would archive or delete, and what it spares and why; with --keep-last and "
+        "--keep-days, for that rule instead of the saved one (nothing is saved)",
+    )
+    p.add_argument("name", metavar="MODEL")
+    p.add_argument("--keep-last", type=int, default=None, metavar="N")
+    p.add_argument("--keep-days", type=int, default=None, metavar="D")
+    p.add_argument("--then", choices=["archive", "delete"], default=None)
+    p.set_defaults(func=_runner(cmd_retention_preview))
 
     p = command("infer", cmd_infer, "run a served model on inputs from .npy or JSON")
     p.add_argument("name")

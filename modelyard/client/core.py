@@ -50,6 +50,8 @@ from modelyard.client.types import (
     PolicyCheck,
     PolicyRule,
     Promotion,
+    RetentionPlan,
+    RetentionRule,
     Shadow,
     Version,
     Webhook,
@@ -98,6 +100,12 @@ def _error_of(response: requests.Response) -> ApiError:
 
 def _q(part: str | int) -> str:
     return quote(str(part), safe="")
+
+
+def _rule(keep_last: int | None, keep_days: int | None, then: str | None) -> dict[str, Any]:
+    """A retention rule's JSON: the values given (the server names any that is missing or wrong)."""
+    rule = {"keep_last": keep_last, "keep_days": keep_days, "then": then}
+    return {key: value for key, value in rule.items() if value is not None}
 
 
 class Client:
@@ -196,9 +204,10 @@ class Client:
         """Change ``description``, ``tags``, ``serving_strategy``, ``max_batch_size``, ``instances``..."""
         return Model.from_json(self._json("PATCH", f"/api/v1/models/{_q(name)}", json_body=changes))
 
-    def list_versions(self, name: str, *, status: str = "") -> list[Version]:
+    def list_versions(self, name: str, *, status: str = "", lifecycle: str = "") -> list[Version]:
+        """A model's versions, newest first; ``lifecycle``: active (the default), archived, deleted or all."""
         path = f"/api/v1/models/{_q(name)}/versions"
-        return [Version.from_json(item) for item in self._pages(path, {"status": status})]
+        return [Version.from_json(item) for item in self._pages(path, {"status": status, "lifecycle": lifecycle})]
 
     def resolve_version(self, name: str, version_or_alias: int | str) -> int:
         """A version number, or the version an alias points to now."""
@@ -241,6 +250,11 @@ class Client:
         progress: Progress | None = None,
         create_model: bool = True,
         signature: bytes | None = None,
+        source_run_url: str = "",
+        source_commit: str = "",
+        source_datasets: Sequence[Mapping[str, str]] = (),
+        parent: int | None = None,
+        allow_duplicate: bool = False,
     ) -> Version:
         """Upload a new version: the ``.onnx`` file, then its external data and extras, streamed from disk.
 
@@ -253,6 +267,12 @@ class Client:
         sha256; :func:`file_digests`), sent as a ``model.sig`` part after them. The server refuses
         the upload (400, naming why) unless it verifies with a key of ``MODELYARD_TRUSTED_SIGNERS``
         and signs exactly the files sent.
+
+        The lineage: ``source_run_url`` (the training run), ``source_commit`` (the code's commit, 7 to 64
+        hex characters), ``source_datasets`` (``{"name", "digest"}`` each) and ``parent`` (the number of the
+        version of this model it came from); :meth:`set_lineage` changes them later. Files byte for byte
+        those of a version of the model are refused (:class:`~modelyard.client.errors.Conflict`, its
+        ``detail["version"]`` naming it) unless ``allow_duplicate``.
         """
         files = [Path(path), *(Path(extra) for extra in extra_files)]
         for file in files:
@@ -274,6 +294,14 @@ class Client:
             fields.append(("description", description))
         if metadata is not None:
             fields.append(("metadata", metadata if isinstance(metadata, str) else json.dumps(metadata)))
+        if source_run_url:
+            fields.append(("source_run_url", source_run_url))
+        if source_commit:
+            fields.append(("source_commit", source_commit))
+        if source_datasets:
+            fields.append(("source_datasets", json.dumps([dict(item) for item in source_datasets])))
+        if parent is not None:
+            fields.append(("parent", str(parent)))
         parts: list[tuple[str, Path | bytes]] = [(file.name, file) for file in files]
         if signature is not None:
             parts.append((BUNDLE, signature))
@@ -281,10 +309,48 @@ class Client:
         answer = self._json(
             "POST",
             f"/api/v1/models/{_q(name)}/versions",
+            params={"allow_duplicate": "true" if allow_duplicate else None},
             data=body,
             headers={"Content-Type": body.content_type},
         )
         return Version.from_json(answer)
+
+    def set_lineage(
+        self,
+        name: str,
+        version: int | str,
+        *,
+        source_run_url: str | None = None,
+        source_commit: str | None = None,
+        source_datasets: Sequence[Mapping[str, str]] | None = None,
+        parent: int | None = None,
+        clear_parent: bool = False,
+    ) -> Version:
+        """Change a version's lineage: None leaves a field as it is, ``""`` clears a text, ``[]`` the datasets,
+        ``clear_parent`` the parent. Only the version's uploader or an admin may; the server audits it
+        (``version.lineage``). A parent is an earlier, not deleted version of the same model."""
+        if clear_parent and parent is not None:
+            raise ModelyardError("give a parent or clear_parent, not both")
+        number = self.resolve_version(name, version)
+        changes: dict[str, Any] = {}
+        if source_run_url is not None:
+            changes["source_run_url"] = source_run_url
+        if source_commit is not None:
+            changes["source_commit"] = source_commit
+        if source_datasets is not None:
+            changes["source_datasets"] = [dict(item) for item in source_datasets]
+        if parent is not None or clear_parent:
+            changes["parent"] = parent
+        path = f"/api/v1/models/{_q(name)}/versions/{number}"
+        return Version.from_json(self._json("PATCH", path, json_body=changes))
+
+    def card(self, name: str, version: int | str) -> str:
+        """The version's model card, in Markdown: summary, signature, validation, benchmarks, accuracy deltas,
+        provenance, lineage, promotion history and when it served (a deleted version's: its tombstone)."""
+        number = self.resolve_version(name, version)
+        response = self.request("GET", f"/api/v1/models/{_q(name)}/versions/{number}/card")
+        response.encoding = "utf-8"
+        return response.text
 
     def wait_ready(self, name: str, version: int, *, timeout: float = 600.0, interval: float = 0.5) -> Version:
         """Poll until validation has decided; returns the ready version, raises :class:`ValidationFailed`."""
@@ -463,6 +529,42 @@ class Client:
             body["sample"] = sample
         return Shadow.from_json(self._json("PUT", self._shadow_path(name, alias), json_body=body))
 
+    # --- A version's life after release ------------------------------------------------------------------
+
+    def _version_action(self, name: str, version: int | str, action: str, reason: str) -> Version:
+        number = self.resolve_version(name, version)
+        path = f"/api/v1/models/{_q(name)}/versions/{number}/{action}"
+        return Version.from_json(self._json("POST", path, json_body={"reason": reason}))
+
+    def archive(self, name: str, version: int | str, *, reason: str = "") -> Version:
+        """Hide a version from lists and from promotion, keeping its bytes (maintainers)."""
+        return self._version_action(name, version, "archive", reason)
+
+    def unarchive(self, name: str, version: int | str, *, reason: str = "") -> Version:
+        return self._version_action(name, version, "unarchive", reason)
+
+    def hold(self, name: str, version: int | str, *, reason: str) -> Version:
+        """Place a legal hold: nobody and no retention rule may delete the version (admins and auditors)."""
+        return self._version_action(name, version, "hold", reason)
+
+    def release(self, name: str, version: int | str, *, reason: str) -> Version:
+        """Release a legal hold (admins and auditors)."""
+        return self._version_action(name, version, "release", reason)
+
+    def delete_version(self, name: str, version: int, *, reason: str) -> Version:
+        """Delete a version (admins): its files go, its row stays a tombstone; :class:`Conflict` says what uses it."""
+        path = f"/api/v1/models/{_q(name)}/versions/{int(version)}"
+        return Version.from_json(self._json("DELETE", path, json_body={"reason": reason}))
+
+    def delete_model(self, name: str, *, reason: str) -> None:
+        """Delete a model whose versions are all deleted, or that has none (admins)."""
+        self.request("DELETE", f"/api/v1/models/{_q(name)}", json_body={"reason": reason})
+
+    def clear_alias(self, name: str, alias: str, *, reason: str = "") -> Alias:
+        """Point an unprotected alias at nothing (maintainers); its history stays."""
+        path = f"/api/v1/models/{_q(name)}/aliases/{_q(alias)}"
+        return Alias.from_json(self._json("DELETE", path, json_body={"reason": reason}))
+
     def shadow(self, name: str, alias: str) -> Shadow:
         """The alias's running shadow and its report, else its last one (:class:`NotFound` if never shadowed)."""
         return Shadow.from_json(self._json("GET", self._shadow_path(name, alias)))
@@ -511,6 +613,41 @@ class Client:
         """
         path = self._policy_path(name, alias) + "/evaluate"
         return PolicyCheck.from_json(self._json("POST", path, json_body={"version": int(version)}))
+
+    # --- Retention rules ---------------------------------------------------------------------------------
+
+    def _retention_path(self, name: str) -> str:
+        return f"/api/v1/models/{_q(name)}/retention"
+
+    def retention(self, name: str) -> RetentionRule | None:
+        """The model's retention rule, or None when it has none."""
+        rule = self._json("GET", self._retention_path(name))["rule"]
+        return None if rule is None else RetentionRule.from_json(rule)
+
+    def retention_set(self, name: str, *, keep_last: int, keep_days: int, then: str | None = None) -> RetentionRule:
+        """Set the model's retention rule (maintainers; ``then="delete"``: admins); ``then`` defaults to archive.
+
+        A rule that is not one raises :class:`~modelyard.client.errors.BadRequest` whose ``detail`` names the
+        ``field``. The periodic job applies it; :meth:`retention_preview` says what it would do first.
+        """
+        answer = self._json("PUT", self._retention_path(name), json_body=_rule(keep_last, keep_days, then))
+        return RetentionRule.from_json(answer["rule"])
+
+    def retention_clear(self, name: str) -> None:
+        """Remove the model's retention rule (maintainers): no rule archives or deletes its versions any more."""
+        self.request("DELETE", self._retention_path(name))
+
+    def retention_preview(
+        self, name: str, *, keep_last: int | None = None, keep_days: int | None = None, then: str | None = None
+    ) -> RetentionPlan:
+        """What the model's rule, or the rule given here (``keep_last`` and ``keep_days``, not saved), would do now:
+        the versions it archives or deletes and those it spares, each with why. Changes nothing.
+
+        Without a rule given, the model's own; :class:`~modelyard.client.errors.Conflict` if it has none.
+        """
+        given = keep_last is not None or keep_days is not None or then is not None
+        body = _rule(keep_last, keep_days, then) if given else None
+        return RetentionPlan.from_json(self._json("POST", self._retention_path(name) + "/preview", json_body=body))
 
     # --- Audit -------------------------------------------------------------------------------------------
 

@@ -50,7 +50,21 @@ class Version(_Record):
     warnings: list[str] = field(default_factory=list)
     created_by: str | None = None
     created_at: str = ""
+    # Its lineage: the parent's number (a derivation's, or one its uploader named), the training run, the
+    # code's commit and the datasets [{"name", "digest"}].
+    derived_from: int | None = None
+    source_run_url: str = ""
+    source_commit: str = ""
+    source_datasets: list[dict[str, str]] = field(default_factory=list)
+    # {"state": "active"|"archived"|"deleted", "archived_at", "archived_by", "hold": {at, by, reason}|None,
+    #  "deleted": {at, by, reason, files_removed, files_removed_at}|None, "last_served_at"}
+    lifecycle: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def state(self) -> str:
+        """``active``, ``archived`` or ``deleted`` (a tombstone)."""
+        return str(self.lifecycle.get("state", "active"))
 
     @property
     def files(self) -> list[File]:
@@ -383,3 +397,47 @@ class PolicyCheck(_Record):
     def waiting(self) -> list[RuleResult]:
         """The rules decided only at approval."""
         return [rule for rule in self.rules if rule.waiting]
+
+
+@dataclass(frozen=True)
+class RetentionRule(_Record):
+    """A model's retention rule: the ``keep_last`` newest versions and those created, aliased or served within
+    ``keep_days`` are kept; the others are archived, or deleted when ``then`` is ``delete``."""
+
+    keep_last: int
+    keep_days: int
+    then: str = "archive"
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class RetentionAction(_Record):
+    """What a rule does to one version (``archive``, ``delete``), or why it spares it (``keep``)."""
+
+    version: int
+    action: str
+    why: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True)
+class RetentionPlan(_Record):
+    """What the next run of a rule would do (``actions``) and the versions outside both windows it spares
+    (``kept``, each with why), oldest first, as of ``as_of``. Nothing is changed by asking."""
+
+    model: str
+    rule: RetentionRule
+    as_of: str = ""
+    actions: list[RetentionAction] = field(default_factory=list)
+    kept: list[RetentionAction] = field(default_factory=list)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Self:
+        record = super().from_json(data)
+        return replace(
+            record,
+            rule=RetentionRule.from_json(data["rule"]),
+            actions=[RetentionAction.from_json(item) for item in data.get("actions") or []],
+            kept=[RetentionAction.from_json(item) for item in data.get("kept") or []],
+        )

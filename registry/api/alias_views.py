@@ -184,6 +184,10 @@ class AliasList(APIView):
         return Response(AliasSerializer(selectors.alias_list(model=model), many=True).data)
 
 
+class AliasClearInput(serializers.Serializer[Any]):
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+
+
 class AliasDetail(APIView):
     @extend_schema(responses=AliasSerializer)
     def get(self, request: Request, name: str, alias: str) -> Response:
@@ -242,6 +246,20 @@ class AliasDetail(APIView):
         if outcome.promotion is not None:
             return Response(PromotionSerializer(outcome.promotion).data, status=status.HTTP_202_ACCEPTED)
         return Response(AliasSerializer(outcome.alias).data)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("reason", str, description="why (recorded); or in a JSON body")],
+        responses={200: AliasSerializer},
+    )
+    def delete(self, request: Request, name: str, alias: str) -> Response:
+        """Clear an unprotected alias: it points at nothing (its history stays)."""
+        model = get_object_or_404(RegisteredModel, name=name)
+        data = AliasClearInput(data=request.data or {"reason": request.query_params.get("reason", "")})
+        data.is_valid(raise_exception=True)
+        cleared = promotions.alias_clear(
+            model=model, alias_name=alias, actor=actor_from_request(request), reason=data.validated_data["reason"]
+        )
+        return Response(AliasSerializer(cleared).data)
 
 
 def _set_settings(

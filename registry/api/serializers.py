@@ -8,6 +8,7 @@ from rest_framework import serializers
 from rest_framework.fields import empty
 from rest_framework.utils import html
 
+from registry.lifecycle.lineage import PARENT_PROBLEM
 from registry.models import (
     NAME_PATTERN,
     Batching,
@@ -35,6 +36,7 @@ class ModelSerializer(serializers.ModelSerializer[RegisteredModel]):
             "max_queue_size",
             "instances",
             "last_version",
+            "retention",
             "created_by",
             "created_at",
             "updated_at",
@@ -129,6 +131,7 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
     created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
     derived_from = serializers.IntegerField(source="derived_from.version", default=None, read_only=True)
     batching = serializers.SerializerMethodField()
+    lifecycle = serializers.SerializerMethodField()
 
     class Meta:
         model = ModelVersion
@@ -154,7 +157,11 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
             "derived_from",
             "recipe",
             "accuracy",
+            "source_run_url",
+            "source_commit",
+            "source_datasets",
             "batching",
+            "lifecycle",
         ]
         read_only_fields = fields
 
@@ -168,9 +175,52 @@ class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
             "check_note": version.batch_note,
         }
 
+    def get_lifecycle(self, version: ModelVersion) -> dict[str, Any]:
+        """Active, archived or deleted (a tombstone: who, when, why, whether its files are gone), and any legal hold."""
+        return {
+            "state": version.lifecycle,
+            "archived_at": version.archived_at,
+            "archived_by": _username(version.archived_by),
+            "hold": None
+            if version.held_at is None
+            else {"at": version.held_at, "by": _username(version.held_by), "reason": version.hold_reason},
+            "deleted": None
+            if version.deleted_at is None
+            else {
+                "at": version.deleted_at,
+                "by": _username(version.deleted_by),
+                "reason": version.delete_reason,
+                "files_removed": version.purged_at is not None,
+                "files_removed_at": version.purged_at,
+            },
+            "last_served_at": version.last_served_at,
+        }
+
+
+def _username(user: Any) -> str | None:
+    return user.username if user is not None else None
+
 
 class VersionUpdateInput(serializers.Serializer[Any]):
     """What may change on a version after its upload: its files and metadata never do."""
 
     description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
     tags = TagsField(required=False)
+    # Its lineage, changed only by its uploader or an admin; registry/lifecycle/lineage.py checks each value.
+    source_run_url = serializers.CharField(
+        required=False, allow_blank=True, help_text="the training run: an http or https URL; empty clears it"
+    )
+    source_commit = serializers.CharField(
+        required=False, allow_blank=True, help_text="the code's commit: 7 to 64 hex characters; empty clears it"
+    )
+    source_datasets = FormJSONField(
+        required=False, help_text='the datasets it was trained on: [{"name": ..., "digest": ...}]; [] clears them'
+    )
+    # DRF's metaclass takes declared fields off the class, so this does not shadow Field.parent at run time.
+    parent = serializers.IntegerField(  # type: ignore[assignment]
+        required=False,
+        allow_null=True,
+        min_value=1,
+        error_messages={key: PARENT_PROBLEM for key in ("invalid", "min_value", "max_string_length")},
+        help_text="the number of an earlier version of the model it came from; null clears it",
+    )

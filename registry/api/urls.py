@@ -2,10 +2,13 @@ from django.urls import include, path
 
 from registry.api import (
     alias_views,
+    card_views,
     derive_views,
     fleet_views,
+    lifecycle_views,
     policy_views,
     provenance_views,
+    retention_views,
     rollout_views,
     shadow_views,
     token_views,
@@ -16,9 +19,32 @@ from registry.api import (
 urlpatterns = [
     path("models", views.ModelListCreate.as_view(), name="model-list"),
     path("models/<str:name>", views.ModelDetail.as_view(), name="model-detail"),
+    path("models/<str:name>/retention", retention_views.ModelRetention.as_view(), name="model-retention"),
+    path(
+        "models/<str:name>/retention/preview",
+        retention_views.ModelRetentionPreview.as_view(),
+        name="model-retention-preview",
+    ),
     path("models/<str:name>/versions", views.VersionListUpload.as_view(), name="version-list"),
     path("models/<str:name>/versions/<int:version>", views.VersionDetail.as_view(), name="version-detail"),
     path("models/<str:name>/versions/<int:version>/download", views.VersionDownload.as_view(), name="version-download"),
+    path("models/<str:name>/versions/<int:version>/card", card_views.VersionCard.as_view(), name="version-card"),
+    path(
+        "models/<str:name>/versions/<int:version>/archive",
+        lifecycle_views.VersionArchive.as_view(),
+        name="version-archive",
+    ),
+    path(
+        "models/<str:name>/versions/<int:version>/unarchive",
+        lifecycle_views.VersionUnarchive.as_view(),
+        name="version-unarchive",
+    ),
+    path("models/<str:name>/versions/<int:version>/hold", lifecycle_views.VersionHold.as_view(), name="version-hold"),
+    path(
+        "models/<str:name>/versions/<int:version>/release",
+        lifecycle_views.VersionRelease.as_view(),
+        name="version-release",
+    ),
     path(
         "models/<str:name>/versions/<int:version>/provenance",
         provenance_views.VersionProvenance.as_view(),

@@ -12,12 +12,14 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, status
 from rest_framework.parsers import MultiPartParser
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry import selectors, services
 from registry.access.clients import actor_from_request
+from registry.api import lifecycle_views
 from registry.api.responses import StreamingFileResponse
 from registry.api.serializers import (
     ModelCreateInput,
@@ -26,8 +28,9 @@ from registry.api.serializers import (
     VersionSerializer,
     VersionUpdateInput,
 )
-from registry.errors import InvalidInput, NotFound, PayloadTooLarge
+from registry.errors import Gone, InvalidInput, NotFound, PayloadTooLarge
 from registry.http import MultipartUpload
+from registry.lifecycle.lineage import LINEAGE_FIELDS
 from registry.models import ModelVersion, RegisteredModel
 from registry.provenance import services as provenance
 from registry.uploads import version_upload
@@ -59,6 +62,10 @@ class ModelListCreate(generics.ListAPIView[RegisteredModel]):
 
 
 class ModelDetail(APIView):
+    def get_permissions(self) -> Any:
+        # Deleting is the admin's, and the service says so; the other writes are the maintainer's.
+        return [IsAuthenticated()] if self.request.method == "DELETE" else super().get_permissions()
+
     @extend_schema(responses=ModelSerializer)
     def get(self, request: Request, name: str) -> Response:
         return Response(ModelSerializer(get_object_or_404(RegisteredModel, name=name)).data)
@@ -71,14 +78,44 @@ class ModelDetail(APIView):
         model = services.model_update(model=model, **data.validated_data, actor=actor_from_request(request))
         return Response(ModelSerializer(model).data)
 
+    @extend_schema(
+        parameters=[OpenApiParameter("reason", str, required=True, description="why (recorded); or in a JSON body")],
+        responses={204: None},
+    )
+    def delete(self, request: Request, name: str) -> Response:
+        """Delete a model whose versions are all deleted, or that has none (admin, with a reason)."""
+        lifecycle_views.model_delete(request, name)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
 
 class VersionListUpload(generics.ListAPIView[ModelVersion]):
     serializer_class = VersionSerializer
     parser_classes = [MultiPartParser]
 
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("status", str, description="only versions with this validation status"),
+            OpenApiParameter(
+                "lifecycle",
+                str,
+                enum=list(selectors.LIFECYCLES),
+                description="active (the default), archived, deleted (tombstones) or all",
+            ),
+        ]
+    )
+    def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().get(request, *args, **kwargs)
+
     def get_queryset(self) -> Any:
         model = get_object_or_404(RegisteredModel, name=self.kwargs["name"])
-        return selectors.version_list(model=model, status=self.request.query_params.get("status", ""))
+        params = self.request.query_params
+        lifecycle = params.get("lifecycle") or "active"
+        if lifecycle not in selectors.LIFECYCLES:
+            raise InvalidInput(
+                f"lifecycle must be one of {', '.join(selectors.LIFECYCLES)}, not '{lifecycle}'",
+                detail={"field": "lifecycle"},
+            )
+        return selectors.version_list(model=model, status=params.get("status", ""), lifecycle=lifecycle)
 
     @extend_schema(
         request={
@@ -88,24 +125,51 @@ class VersionListUpload(generics.ListAPIView[ModelVersion]):
                     "file": {"type": "array", "items": {"type": "string", "format": "binary"}},
                     "description": {"type": "string"},
                     "metadata": {"type": "string", "description": "a JSON object"},
+                    "source_run_url": {"type": "string", "description": "the training run: an http or https URL"},
+                    "source_commit": {"type": "string", "description": "the code's commit: 7 to 64 hex characters"},
+                    "source_datasets": {
+                        "type": "string",
+                        "description": 'a JSON list of {"name": ..., "digest": ...}, the datasets it was trained on',
+                    },
+                    "parent": {"type": "string", "description": "the number of the version of this model it came from"},
                 },
                 "required": ["file"],
             }
         },
+        parameters=[
+            OpenApiParameter(
+                "allow_duplicate",
+                bool,
+                description="store files byte for byte those of a version of the model (else 409 naming it)",
+            )
+        ],
         responses={201: VersionSerializer},
     )
     def post(self, request: Request, name: str) -> Response:
         model = get_object_or_404(RegisteredModel, name=name)
+        allow_duplicate = _flag(request, "allow_duplicate")  # before the body: a bad value stores nothing
         if not request.content_type.startswith("multipart/form-data"):
             raise InvalidInput("send the files as multipart/form-data with one 'file' part per file")
         length = int(request.META.get("CONTENT_LENGTH") or 0)
         if length > settings.MAX_UPLOAD_BYTES:
             raise PayloadTooLarge(f"the upload is larger than the limit of {settings.MAX_UPLOAD_BYTES} bytes")
         with MultipartUpload(request) as body:
-            version = version_upload(model=model, source=body, actor=actor_from_request(request))
+            version = version_upload(
+                model=model, source=body, actor=actor_from_request(request), allow_duplicate=allow_duplicate
+            )
         # From here on the version exists: its files stay, and the answer is 201 whatever happens.
         version.refresh_from_db()  # in-process validation may already have finished
         return Response(VersionSerializer(version).data, status=status.HTTP_201_CREATED)
+
+
+def _flag(request: Request, name: str) -> bool:
+    """A true/false query parameter; sent empty (as a form sends a box left empty) or not at all, it is false."""
+    text = request.query_params.get(name, "").strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("", "false", "0", "no"):
+        return False
+    raise InvalidInput(f"{name}: must be true or false, got {request.query_params[name]!r}", {"field": name})
 
 
 def _get_version(name: str, version: int) -> ModelVersion:
@@ -116,6 +180,10 @@ def _get_version(name: str, version: int) -> ModelVersion:
 
 
 class VersionDetail(APIView):
+    def get_permissions(self) -> Any:
+        # Deleting is the admin's, and the service says so; editing is the maintainer's.
+        return [IsAuthenticated()] if self.request.method == "DELETE" else super().get_permissions()
+
     @extend_schema(responses=VersionSerializer)
     def get(self, request: Request, name: str, version: int) -> Response:
         return Response(VersionSerializer(_get_version(name, version)).data)
@@ -125,8 +193,18 @@ class VersionDetail(APIView):
         found = _get_version(name, version)
         data = VersionUpdateInput(data=request.data)
         data.is_valid(raise_exception=True)
-        services.version_update(version=found, **data.validated_data, actor=actor_from_request(request))
+        changes = dict(data.validated_data)
+        lineage = {field: changes.pop(field) for field in LINEAGE_FIELDS if field in changes}
+        services.version_update(version=found, lineage=lineage, **changes, actor=actor_from_request(request))
         return Response(VersionSerializer(_get_version(name, version)).data)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("reason", str, required=True, description="why (recorded); or in a JSON body")],
+        responses={200: VersionSerializer},
+    )
+    def delete(self, request: Request, name: str, version: int) -> Response:
+        """Delete a version (admin, with a reason): its files go, its row stays as a tombstone."""
+        return lifecycle_views.version_delete(request, name, version)
 
 
 class VersionDownload(APIView):
@@ -146,6 +224,12 @@ class VersionDownload(APIView):
     )
     def get(self, request: Request, name: str, version: int) -> HttpResponseBase:
         found = _get_version(name, version)
+        if found.deleted_at is not None:
+            by = found.deleted_by.username if found.deleted_by else "someone"
+            raise Gone(
+                f"version {found.version} of model '{name}' was deleted by {by} on "
+                f"{found.deleted_at:%Y-%m-%d %H:%M} UTC ({found.delete_reason}); its files are gone"
+            )
         file_name = request.query_params.get("file") or None  # sent empty: the model, as when not sent
         # Each file of a bundle on its own (?file=NAME), so that clients fetch external data file by file.
         model_file = found.model_file if file_name is None else found.files.filter(name=file_name).first()

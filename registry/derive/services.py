@@ -36,6 +36,8 @@ def derive_request(*, version: ModelVersion, recipe: Any, options: Any, actor: A
     except derive.RecipeError as exc:
         raise InvalidInput(str(exc)) from exc
     version = ModelVersion.objects.select_for_update().select_related("model").get(pk=version.pk)
+    if version.deleted_at is not None:
+        raise Conflict(f"version {version.version} is deleted; its files are gone and nothing can be derived from it")
     if version.status != VersionStatus.READY:
         raise Conflict(
             f"version {version.version} is {version.status}; only a ready version can be derived from",

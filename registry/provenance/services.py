@@ -173,7 +173,9 @@ def version_sign(version: ModelVersion) -> list[SignedBundle]:
     data = signer.sign(file_digests(files), name=name)
     key, sha256 = _store(_prefix(files), SignatureKind.REGISTRY, data)
     bundles = [SignedBundle(SignatureKind.REGISTRY, REGISTRY_SIGNER, signer.key_id, key, sha256)]
-    if version.derived_from_id is not None:
+    # Only a version the registry derived (it has a recipe) gets a statement: a parent its uploader named
+    # (registry/lifecycle/lineage.py) is their word, not something the registry saw done.
+    if version.derived_from_id is not None and version.recipe:
         document = derivation_document(version, files)
         data = signer.sign(derivation_digests(document), name=f"{name}-derivation")
         key, sha256 = _store(_prefix(files), SignatureKind.DERIVATION, data)

@@ -138,6 +138,8 @@ def rollout_start(
     version = ModelVersion.objects.filter(model=model, version=version_number).first()
     if version is None:
         raise NotFound(f"model '{model.name}' has no version {version_number}")
+    if refusal := version.lifecycle_refusal("rolled out"):
+        raise Conflict(refusal)
     if version.status != VersionStatus.READY:
         raise Conflict(f"version {version.version} is {version.status}; only a ready version can be rolled out")
     if not alias.served:

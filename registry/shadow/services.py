@@ -122,9 +122,12 @@ def shadow_start(
     if not 0 < sample <= 1:
         raise InvalidInput(f"sample must be above 0 and at most 1 (a share of the requests), not {sample:g}")
     alias = _alias(model, alias_name, lock=True)
-    version = ModelVersion.objects.filter(model=model, version=version_number).first()
+    # Locked, as a deletion locks it: the version cannot be deleted while the shadow starts.
+    version = ModelVersion.objects.select_for_update().filter(model=model, version=version_number).first()
     if version is None:
         raise NotFound(f"model '{model.name}' has no version {version_number}")
+    if refusal := version.lifecycle_refusal("used as a shadow"):
+        raise Conflict(refusal)
     if version.status != VersionStatus.READY:
         raise Conflict(f"version {version.version} is {version.status}; only a ready version can shadow an alias")
     if not alias.served:

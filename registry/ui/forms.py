@@ -155,6 +155,34 @@ class RolloutStartForm(UiForm):
     reason = forms.CharField(required=False, max_length=2000)
 
 
+RETENTION_THEN = [("archive", "archive"), ("delete", "delete")]
+RETENTION_BOTH = "give both Keep last and Keep days, or leave both empty to remove the rule"
+
+
+class RetentionForm(UiForm):
+    """A model's retention rule: both numbers make a rule, both empty remove it (``cleaned_data["rule"]`` is None).
+
+    The ranges, and who may set a rule that deletes, are the service's rules (``registry.lifecycle.retention``).
+    """
+
+    keep_last = forms.IntegerField(required=False)
+    keep_days = forms.IntegerField(required=False)
+    then = forms.ChoiceField(choices=RETENTION_THEN, required=False)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if self.errors:
+            return data
+        keep_last, keep_days = data.get("keep_last"), data.get("keep_days")
+        if keep_last is None and keep_days is None:
+            data["rule"] = None
+        elif keep_last is None or keep_days is None:
+            raise forms.ValidationError(RETENTION_BOTH)
+        else:
+            data["rule"] = {"keep_last": keep_last, "keep_days": keep_days, "then": data.get("then") or "archive"}
+        return data
+
+
 class TokenCreateForm(UiForm):
     name = forms.CharField(required=False, max_length=100)
     expires_days = forms.IntegerField(required=False, min_value=1, max_value=3650)

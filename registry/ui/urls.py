@@ -1,6 +1,8 @@
 from django.urls import path
 
 from registry.ui import account_views as ui_account_views
+from registry.ui import lifecycle_views as ui_lifecycle_views
+from registry.ui import lineage_views as ui_lineage_views
 from registry.ui import views as ui_views
 
 app_name = "ui"
@@ -12,6 +14,27 @@ urlpatterns = [
     path("models/<str:name>/upload", ui_views.version_upload_page, name="upload"),
     path("models/<str:name>/batching", ui_views.model_batching, name="model-batching"),
     path("models/<str:name>/versions/<int:number>", ui_views.version_detail, name="version"),
+    path("models/<str:name>/versions/<int:number>/card", ui_lineage_views.version_card_page, name="version-card"),
+    path("models/<str:name>/delete", ui_lifecycle_views.model_delete, name="model-delete"),
+    path("models/<str:name>/retention", ui_lifecycle_views.model_retention, name="model-retention"),
+    path(
+        "models/<str:name>/retention/preview",
+        ui_lifecycle_views.model_retention_preview,
+        name="model-retention-preview",
+    ),
+    path("models/<str:name>/versions/<int:number>/archive", ui_lifecycle_views.version_archive, name="version-archive"),
+    path(
+        "models/<str:name>/versions/<int:number>/unarchive",
+        ui_lifecycle_views.version_unarchive,
+        name="version-unarchive",
+    ),
+    path("models/<str:name>/versions/<int:number>/hold", ui_lifecycle_views.version_hold, name="version-hold"),
+    path(
+        "models/<str:name>/versions/<int:number>/hold/release",
+        ui_lifecycle_views.version_release,
+        name="version-release",
+    ),
+    path("models/<str:name>/versions/<int:number>/delete", ui_lifecycle_views.version_delete, name="version-delete"),
     path("models/<str:name>/compare", ui_views.version_compare, name="compare"),
     path("models/<str:name>/promote", ui_views.promotion_request, name="promote"),
     path("models/<str:name>/aliases/<str:alias>/rollback", ui_views.alias_rollback, name="alias-rollback"),

@@ -51,6 +51,7 @@ from registry.errors import (
     RegistryError,
 )
 from registry.http import MultipartUpload, body_refusal, status_for
+from registry.lifecycle import services as lifecycle
 from registry.models import (
     PRODUCTION,
     ROLLOUT_LIVE,
@@ -85,6 +86,7 @@ from registry.ui.forms import (
     VersionEditForm,
     local_time,
 )
+from registry.ui.lineage_views import lineage_display
 from registry.uploads import version_upload
 
 MODELS_PAGE_SIZE = 25
@@ -128,7 +130,7 @@ def _form_wording(exc: RegistryError) -> str:
     return exc.message
 
 
-def _form_refusal(form: UiForm) -> InvalidInput:
+def form_refusal(form: UiForm) -> InvalidInput:
     return InvalidInput(form.error_text())
 
 
@@ -171,7 +173,7 @@ def model_index(request: HttpRequest) -> HttpResponse:
     try:
         require_role(request, Role.MAINTAINER, what="creating a model")
         if not form.is_valid():
-            raise _form_refusal(form)
+            raise form_refusal(form)
         model = services.model_create(
             name=form.cleaned_data["name"],
             description=form.cleaned_data["description"],
@@ -209,7 +211,9 @@ def _model_detail(
     history = list(selectors.model_alias_history(model=model))
     aliases = list(selectors.alias_list(model=model))
     versions = list(selectors.version_list(model=model))
-    ready = [v.version for v in versions if v.status == VersionStatus.READY]
+    shown, lifecycle_error = _versions_shown(request, versions)
+    # Archived and deleted versions cannot be shadowed or rolled out.
+    ready = [v.version for v in versions if v.status == VersionStatus.READY and v.lifecycle == "active"]
     for alias in aliases:
         # What a rollback would go back to: where its last move came from (newest first in the history).
         last = next((move for move in history if move.alias_id == alias.pk), None)
@@ -223,7 +227,11 @@ def _model_detail(
         alias.rollout_candidates = alias.shadow_candidates  # type: ignore[attr-defined]
     context = {
         "model": model,
-        "versions": versions,
+        "versions": shown["versions"],
+        "lifecycle": shown,
+        # An admin may delete the model once every version of it is a tombstone (or it has none).
+        "model_deletable": all(v.deleted_at is not None for v in versions),
+        "retention": model.retention,
         "aliases": aliases,
         "history": history,
         "at": at,
@@ -231,11 +239,29 @@ def _model_detail(
         "form": form or ModelEditForm(initial={"description": model.description, "tags": " ".join(model.tags)}),
         "batching_form": batching_form
         or ModelBatchingForm(initial={"batching": model.batching, "max_batch_size": model.max_batch_size}),
-        "error": error or at_error,
+        "error": error or at_error or lifecycle_error,
         # Who an alias may require a signature by (MODELYARD_TRUSTED_SIGNERS), for the admins' form.
         "trusted_signer_names": [name for name, _ in settings.TRUSTED_SIGNERS],
     }
-    return render(request, "modelyard/ui/model.html", context, status=400 if at_error and status == 200 else status)
+    refused = (at_error or lifecycle_error) and status == 200
+    return render(request, "modelyard/ui/model.html", context, status=400 if refused else status)
+
+
+# The model page's version filters, as its links read.
+LIFECYCLE_LABELS = {"active": "active", "archived": "archived", "deleted": "deleted (tombstones)", "all": "all"}
+
+
+def _versions_shown(request: HttpRequest, versions: list[ModelVersion]) -> tuple[dict[str, Any], str]:
+    """The versions the model page lists by ``?lifecycle=`` (active ones by default), with how many each choice has."""
+    chosen = request.GET.get("lifecycle", "").strip() or "active"
+    error = ""
+    if chosen not in selectors.LIFECYCLES:
+        error = f"lifecycle must be one of {', '.join(selectors.LIFECYCLES)}, not {chosen!r}"
+        chosen = "active"
+    counts = {name: sum(1 for v in versions if name in ("all", v.lifecycle)) for name in selectors.LIFECYCLES}
+    choices = [(name, LIFECYCLE_LABELS[name], counts[name]) for name in selectors.LIFECYCLES]
+    listed = [v for v in versions if chosen in ("all", v.lifecycle)]
+    return {"chosen": chosen, "counts": counts, "choices": choices, "versions": listed}, error
 
 
 @login_required
@@ -248,7 +274,7 @@ def model_detail(request: HttpRequest, name: str) -> HttpResponse:
     try:
         require_role(request, Role.MAINTAINER, what="editing a model")
         if not form.is_valid():
-            raise _form_refusal(form)
+            raise form_refusal(form)
         services.model_update(
             model=model,
             description=form.cleaned_data["description"],
@@ -270,7 +296,7 @@ def model_batching(request: HttpRequest, name: str) -> HttpResponse:
     try:
         require_role(request, Role.MAINTAINER, what="changing a model's batching")
         if not form.is_valid():
-            raise _form_refusal(form)
+            raise form_refusal(form)
         changes = {"batching": form.cleaned_data["batching"]}
         if form.cleaned_data["max_batch_size"] is not None:
             changes["max_batch_size"] = form.cleaned_data["max_batch_size"]
@@ -307,7 +333,7 @@ def alias_signature(request: HttpRequest, name: str, alias: str) -> HttpResponse
     form = AliasSignatureForm(request.POST)
     try:
         if not form.is_valid():
-            raise _form_refusal(form)
+            raise form_refusal(form)
         signers = form.cleaned_data["trusted_signers"]
         changed = promotions.alias_set_provenance(
             model=model,
@@ -459,7 +485,7 @@ def alias_shadow_start(request: HttpRequest, name: str, alias: str) -> HttpRespo
     try:
         _may_shadow(request)
         if not form.is_valid():
-            raise _form_refusal(form)
+            raise form_refusal(form)
         shadow = shadows.shadow_start(
             model=model,
             alias_name=alias,
@@ -486,7 +512,7 @@ def alias_shadow_stop(request: HttpRequest, name: str, alias: str) -> HttpRespon
     try:
         _may_shadow(request)
         if not form.is_valid():
-            raise _form_refusal(form)
+            raise form_refusal(form)
         shadow = shadows.shadow_stop(
             model=model, alias_name=alias, actor=actor_from_request(request), reason=form.cleaned_data["reason"]
         )
@@ -613,7 +639,7 @@ def alias_rollout_start(request: HttpRequest, name: str, alias: str) -> HttpResp
     try:
         _may_roll_out(request)
         if not form.is_valid():
-            raise _form_refusal(form)
+            raise form_refusal(form)
         data = form.cleaned_data
         rollout = rollouts.rollout_start(
             model=model,
@@ -664,7 +690,7 @@ def _rollout_change(
     try:
         _may_roll_out(request)
         if not form.is_valid():
-            raise _form_refusal(form)
+            raise form_refusal(form)
         rollout = change(
             model=model, alias_name=alias, actor=actor_from_request(request), reason=form.cleaned_data["reason"]
         )
@@ -715,7 +741,7 @@ def alias_rollout_abort(request: HttpRequest, name: str, alias: str) -> HttpResp
 # --- Versions -----------------------------------------------------------------------------------------
 
 
-def _version_or_404(model: RegisteredModel, number: int) -> ModelVersion:
+def version_or_404(model: RegisteredModel, number: int) -> ModelVersion:
     version = selectors.version_get(model=model, number=number)
     if version is None:
         raise Http404(f"model '{model.name}' has no version {number}")
@@ -742,7 +768,7 @@ def _settle_upload_banner(request: HttpRequest, version: ModelVersion) -> None:
             message.level, message.message = messages.ERROR, _FAILED_UPLOAD.format(version.version)
 
 
-def _version_detail(
+def version_page_context(
     request: HttpRequest,
     model: RegisteredModel,
     version: ModelVersion,
@@ -759,7 +785,8 @@ def _version_detail(
         "aliases": [alias for alias in selectors.alias_list(model=model) if alias.version_id == version.pk],
         # Why a host serves on the CPU is said once per host above the table, not on each of its rows.
         "fleet": [(worker, row, _without_notice(row.note, worker.notice) if row else "") for worker, row in fleet],
-        "provenance": provenance.version_provenance(version),
+        # A tombstone's bundles are gone (or going) from the store with its files: nothing to check.
+        "provenance": provenance.version_provenance(version) if version.deleted_at is None else {},
         "fleet_checks": [(worker, _bytes_check(row)) for worker, row in fleet],
         "fleet_notices": sorted({(worker.host, worker.notice) for worker, _ in fleet if worker.notice}),
         "others": [v.version for v in selectors.version_list(model=model) if v.pk != version.pk],
@@ -767,10 +794,16 @@ def _version_detail(
         "settled": version.status in (VersionStatus.READY, VersionStatus.FAILED),
         "version_benchmarks": [(version, list(selectors.benchmark_list(version=version)))],
         "derive_jobs": list(selectors.derive_job_list(source=version)[:10]),
-        "derived": [v.version for v in selectors.version_list(model=model) if v.derived_from_id == version.pk],
+        # Built by a derive job from this one (a child its uploader named is in the lineage box instead).
+        "derived": [
+            v.version for v in selectors.version_list(model=model) if v.derived_from_id == version.pk and v.recipe
+        ],
+        "lineage": lineage_display(model, version),
         "form": form or VersionEditForm(initial={"description": version.description, "tags": " ".join(version.tags)}),
         "error": error,
         "batching": version.batching_decision(model),
+        # Why its Archive button is missing (an alias, rollout, shadow or request still uses it).
+        "archive_refusals": lifecycle.archive_refusals(version) if version.lifecycle == "active" else [],
     }
     return render(request, "modelyard/ui/version.html", context, status=status)
 
@@ -796,15 +829,15 @@ def _bytes_check(row: serving.LoadedRow | None) -> str:
 def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse:
     """GET: the version's signature, files, derivation, benchmarks; POST: edit description and tags (maintainers)."""
     model = get_object_or_404(RegisteredModel, name=name)
-    version = _version_or_404(model, number)
+    version = version_or_404(model, number)
     if request.method != "POST":
         _settle_upload_banner(request, version)
-        return _version_detail(request, model, version)
+        return version_page_context(request, model, version)
     form = VersionEditForm(request.POST)
     try:
         require_role(request, Role.MAINTAINER, what="editing a version")
         if not form.is_valid():
-            raise _form_refusal(form)
+            raise form_refusal(form)
         services.version_update(
             version=version,
             description=form.cleaned_data["description"],
@@ -812,7 +845,7 @@ def version_detail(request: HttpRequest, name: str, number: int) -> HttpResponse
             actor=actor_from_request(request),
         )
     except RegistryError as exc:
-        return _version_detail(request, model, version, form=form, error=exc.message, status=refusal(request, exc))
+        return version_page_context(request, model, version, form=form, error=exc.message, status=refusal(request, exc))
     messages.success(request, f"Version {version.version} saved.")
     return redirect("ui:version", name=model.name, number=version.version)
 
@@ -947,7 +980,7 @@ def version_compare(request: HttpRequest, name: str) -> HttpResponse:
         return render(request, "modelyard/ui/compare.html", {**context, "error": exc.message}, status=400)
     context |= {"a": a, "b": b}
     if a is not None and b is not None:
-        context["diff"] = comparison(_version_or_404(model, a), _version_or_404(model, b))
+        context["diff"] = comparison(version_or_404(model, a), version_or_404(model, b))
     return render(request, "modelyard/ui/compare.html", context)
 
 
@@ -1034,7 +1067,8 @@ def _promote_page(
     request: HttpRequest, model: RegisteredModel, form: PromotionRequestForm, *, error: str = "", status: int = 200
 ) -> HttpResponse:
     """The request form, with what the request would change: the diff against the version behind the alias now."""
-    ready = [v for v in selectors.version_list(model=model) if v.status == VersionStatus.READY]
+    # Archived and deleted versions cannot be promoted: they are not offered.
+    ready = [v for v in selectors.version_list(model=model, lifecycle="active") if v.status == VersionStatus.READY]
     data = form.data if form.is_bound else form.initial
     alias_name = str(data.get("alias") or PRODUCTION)
     alias = next((a for a in selectors.alias_list(model=model) if a.name == alias_name), None)
@@ -1086,14 +1120,15 @@ def promotion_request(request: HttpRequest, name: str) -> HttpResponse:
     """GET: choose an alias and a ready version and see the diff; POST: set the alias or open a request."""
     model = get_object_or_404(RegisteredModel, name=name)
     if request.method != "POST":
-        latest = next((v.version for v in selectors.version_list(model=model) if v.status == VersionStatus.READY), "")
+        active = selectors.version_list(model=model, lifecycle="active")
+        latest = next((v.version for v in active if v.status == VersionStatus.READY), "")
         initial = {"alias": request.GET.get("alias") or PRODUCTION, "version": request.GET.get("version") or latest}
         return _promote_page(request, model, PromotionRequestForm(initial=initial))
     form = PromotionRequestForm(request.POST)
     try:
         require_role(request, Role.MAINTAINER, what="requesting a promotion")
         if not form.is_valid():
-            raise _form_refusal(form)
+            raise form_refusal(form)
         outcome = promotions.alias_set(
             model=model,
             alias_name=form.cleaned_data["alias"],

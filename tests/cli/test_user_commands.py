@@ -135,8 +135,9 @@ def test_every_command_against_a_live_server(live: LiveServer):
         [y] = session.run(None, {"x": np.array([[1, 2, 3, 4]], dtype=np.float32)})
         assert y.tolist() == [[4.5, 6.5]]
 
-        # A second version: a direct move on an unprotected alias, a rollback, a rejected request, the history.
-        run("push", "example", "model.onnx", "model.onnx.data", "--quiet")
+        # A second version (the same files, so allowed on purpose): a direct move on an unprotected alias, a
+        # rollback, a rejected request, the history.
+        run("push", "example", "model.onnx", "model.onnx.data", "--quiet", "--allow-duplicate")
         moved = run("promote", "example", "staging", "1", "--reason", "try")
         assert moved.stdout == "Moved 'staging' of 'example' from version None to 1.\n"
         assert run("promote", "example", "staging", "2").stdout == "Moved 'staging' of 'example' from version 1 to 2.\n"

@@ -34,8 +34,9 @@ def quick(settings: Any) -> Any:
     return settings
 
 
-def ready_version(owner: Person, model: str) -> ModelVersion:
-    response = owner.upload(model, [("model.onnx", classifier_model().SerializeToString())])
+def ready_version(owner: Person, model: str, *, seed: int = 1) -> ModelVersion:
+    """A validated classifier; another ``seed`` for a second version (the same bytes again are refused)."""
+    response = owner.upload(model, [("model.onnx", classifier_model(seed=seed).SerializeToString())])
     assert response.status_code == 201, response.content
     version = ModelVersion.objects.get(model__name=model, version=response.json()["version"])
     assert version.status == VersionStatus.READY, version.errors
@@ -139,7 +140,7 @@ def test_a_benchmark_past_its_time_limit_fails_naming_the_setting(
 
 
 def test_a_benchmark_measures_only_bytes_that_verify(owner: Person, registered: str, tmp_path: Path) -> None:
-    changed, unsigned = ready_version(owner, registered), ready_version(owner, registered)
+    changed, unsigned = ready_version(owner, registered), ready_version(owner, registered, seed=2)
     stored = artifact_path(changed)
     stored.write_bytes(stored.read_bytes() + b"\0")  # changed in the bucket after validation
     VersionSignature.objects.filter(version=unsigned).delete()

@@ -284,8 +284,10 @@ def test_requeue_stuck_picks_lost_validations_only(owner, registered, monkeypatc
     now = timezone.now()
     long_ago = now - timedelta(minutes=30)
 
+    biases = iter(range(100))  # other bytes each time: the same bytes again would be refused as a duplicate
+
     def make(status: str, *, created_at: Any = None, heartbeat_at: Any = None) -> ModelVersion:
-        version = upload(owner, registered, "model.onnx", add_model_bytes())
+        version = upload(owner, registered, "model.onnx", add_model_bytes(bias=float(next(biases))))
         ModelVersion.objects.filter(pk=version.pk).update(
             status=status, created_at=created_at or now, validation_heartbeat_at=heartbeat_at
         )

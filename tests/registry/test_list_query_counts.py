@@ -52,7 +52,8 @@ def _no_validation(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _ready_versions(admin: Person, model: str, count: int) -> list[int]:
     numbers = []
-    for index in range(count):
+    start = ModelVersion.objects.filter(model__name=model).count()  # new bytes each call: a duplicate is refused
+    for index in range(start, start + count):
         files = [("model.onnx", add_model_bytes(bias=float(index))), ("tokenizer.json", b"{}")]
         numbers.append(upload_local(model, files, actor=admin.actor).version)
     ModelVersion.objects.filter(model__name=model).update(status=VersionStatus.READY)

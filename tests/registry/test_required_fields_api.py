@@ -100,6 +100,13 @@ def _version_after(world: World, body: Body | None, answer: Any) -> None:
     emptied = _emptied(body)
     assert after["description"] == ("" if "description" in emptied else "first")
     assert after["tags"] == ([] if "tags" in emptied else ["v1tag"])
+    # Its lineage was empty; empty lineage fields leave it so (and need no uploader's say).
+    assert (after["source_run_url"], after["source_commit"], after["source_datasets"], after["derived_from"]) == (
+        "",
+        "",
+        [],
+        None,
+    )
     assert answer == after
 
 
@@ -112,6 +119,9 @@ def _version_uploaded(world: World, body: Body | None, answer: Any) -> None:
     version = world.read(f"/api/v1/models/{MODEL}/versions/3")
     assert (version["status"], version["description"], version["metadata"], version["tags"]) == ("ready", "", {}, [])
     assert [f["name"] for f in version["files"]] == ["model.onnx"]
+    # Lineage fields sent empty set nothing.
+    lineage = (version["source_run_url"], version["source_commit"], version["source_datasets"], version["derived_from"])
+    assert lineage == ("", "", [], None)
 
 
 def _staging_on(number: int, kind: str) -> Check:
@@ -195,6 +205,11 @@ def _webhook_gone(world: World, body: Body | None, answer: Any) -> None:
     assert world.status_of(f"/api/v1/webhooks/{world.webhook}") == 404
 
 
+def _card_downloaded(world: World, body: Body | None, answer: Any) -> None:
+    assert answer["Content-Disposition"] == f'attachment; filename="{MODEL}-v1-card.md"'
+    assert answer.content.decode().startswith(f"# Model card: {MODEL} v1\n")
+
+
 def _model_downloaded(world: World, body: Body | None, answer: Any) -> None:
     """With ``?file=`` empty, as without it: the version's .onnx model."""
     (model_file,) = world.read(f"/api/v1/models/{MODEL}/versions/1")["files"]
@@ -260,6 +275,77 @@ def _rollout_is(state: str, reason: str = "") -> Check:
     return check
 
 
+_ONE_BY_ONE = {"keep_last": 1, "keep_days": 1}
+
+
+def _retention_set(world: World, body: Body | None, answer: Any) -> None:
+    # Only the numbers sent: the rule archives (its default).
+    assert answer == world.read(f"/api/v1/models/{MODEL}/retention")
+    assert answer == {"model": MODEL, "rule": {**_ONE_BY_ONE, "then": "archive"}}
+
+
+def _retention_rule(world: World) -> None:
+    ok(world.people["mia"].put(f"/api/v1/models/{MODEL}/retention", _ONE_BY_ONE), 200)
+
+
+def _retention_removed(world: World, body: Body | None, answer: Any) -> None:
+    assert answer == world.read(f"/api/v1/models/{MODEL}/retention") == {"model": MODEL, "rule": None}
+
+
+def _retention_previewed(world: World, body: Body | None, answer: Any) -> None:
+    # The world's two versions are the newest and were made just now: nothing to do, nothing spared.
+    assert (answer["rule"], answer["actions"], answer["kept"]) == ({**_ONE_BY_ONE, "then": "archive"}, [], [])
+    assert world.read(f"/api/v1/models/{MODEL}/retention")["rule"] is None  # a preview saves nothing
+
+
+def _third_version(world: World) -> None:
+    """A version nothing uses (the world's two are aliased or named by its promotion request)."""
+    person = world.people["mia"]
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        number = ok(person.upload(MODEL, [("model.onnx", add_model_bytes(bias=3.0))]), 201)["version"]
+    assert number == 3
+
+
+def _archived_third(world: World) -> None:
+    _third_version(world)
+    ok(world.people["mia"].post(f"/api/v1/models/{MODEL}/versions/3/archive", {}), 200)
+
+
+def _held_third(world: World) -> None:
+    _third_version(world)
+    ok(world.people["root"].post(f"/api/v1/models/{MODEL}/versions/3/hold", {"reason": "case"}), 200)
+
+
+def _lifecycle_is(state: str, *, held: bool = False, reason: str = "") -> Check:
+    def check(world: World, body: Body | None, answer: Any) -> None:
+        version = world.read(f"/api/v1/models/{MODEL}/versions/3")
+        assert version["lifecycle"]["state"] == state
+        assert (version["lifecycle"]["hold"] is not None) == held
+        if state == "deleted":
+            assert version["lifecycle"]["deleted"]["reason"] == reason
+            assert version["lifecycle"]["deleted"]["files_removed"] is True
+        assert answer["version"] == 3
+
+    return check
+
+
+def _empty_model(world: World) -> None:
+    ok(world.people["mia"].post("/api/v1/models", {"name": "empty"}), 201)
+
+
+def _model_gone(world: World, body: Body | None, answer: Any) -> None:
+    assert world.status_of("/api/v1/models/empty") == 404
+
+
+def _staging_cleared(world: World, body: Body | None, answer: Any) -> None:
+    assert world.read(f"/api/v1/models/{MODEL}/aliases/staging")["version"] is None
+    assert answer["version"] is None
+
+
+def _version_3(world: World) -> dict[str, Any]:
+    return {"name": MODEL, "version": 3}
+
+
 def _version_1(world: World) -> dict[str, Any]:
     return {"name": MODEL, "version": 1}
 
@@ -289,6 +375,11 @@ CALLS: dict[str, Call] = {
     # Writes, each with its body's required fields only.
     "v1_models_create": Call("mia", 201, values=lambda w: {"name": "fresh"}, check=_model_created),
     "v1_models_partial_update": Call("mia", 200, params=_model, check=_model_after),
+    "v1_models_retention_update": Call("mia", 200, params=_model, values=lambda w: _ONE_BY_ONE, check=_retention_set),
+    "v1_models_retention_destroy": Call("mia", 200, params=_model, check=_retention_removed, prepare=_retention_rule),
+    "v1_models_retention_preview_create": Call(
+        "mia", 200, params=_model, values=lambda w: _ONE_BY_ONE, check=_retention_previewed
+    ),
     "v1_models_aliases_update": Call(
         "mia", 200, params=_staging, values=lambda w: {"version": 1}, check=_staging_on(1, "set")
     ),
@@ -307,6 +398,46 @@ CALLS: dict[str, Call] = {
     "v1_models_versions_derive_create": Call(
         "mia", 202, params=_version_1, values=lambda w: {"recipe": "ort-optimized"}, check=_derive_queued
     ),
+    "v1_models_versions_archive_create": Call(
+        "mia", 200, params=_version_3, check=_lifecycle_is("archived"), prepare=_third_version
+    ),
+    "v1_models_versions_unarchive_create": Call(
+        "mia", 200, params=_version_3, check=_lifecycle_is("active"), prepare=_archived_third
+    ),
+    "v1_models_versions_hold_create": Call(
+        "root",
+        200,
+        params=_version_3,
+        values=lambda w: {"reason": "case"},
+        check=_lifecycle_is("active", held=True),
+        prepare=_third_version,
+    ),
+    "v1_models_versions_release_create": Call(
+        "root",
+        200,
+        params=_version_3,
+        values=lambda w: {"reason": "closed"},
+        check=_lifecycle_is("active"),
+        prepare=_held_third,
+    ),
+    "v1_models_versions_destroy": Call(
+        "root",
+        200,
+        params=_version_3,
+        values=lambda w: {"reason": "cleanup"},
+        check=_lifecycle_is("deleted", reason="cleanup"),
+        prepare=_third_version,
+        runs_tasks=True,
+    ),
+    "v1_models_destroy": Call(
+        "root",
+        204,
+        params=lambda w: {"name": "empty"},
+        values=lambda w: {"reason": "typo"},
+        check=_model_gone,
+        prepare=_empty_model,
+    ),
+    "v1_models_aliases_destroy": Call("mia", 200, params=_staging, check=_staging_cleared),
     "v1_promotions_approve_create": Call("ada", 200, params=_promotion, check=_decided("approved", 1, "ada")),
     "v1_promotions_reject_create": Call("ada", 200, params=_promotion, check=_decided("rejected", None, "ada")),
     "v1_promotions_cancel_create": Call("mia", 200, params=_promotion, check=_decided("cancelled", None, "mia")),
@@ -355,6 +486,7 @@ CALLS: dict[str, Call] = {
     "v1_me_retrieve": _read(),
     "v1_models_list": _read(),
     "v1_models_retrieve": _read(params=_model),
+    "v1_models_retention_retrieve": _read(params=_model),
     "v1_models_aliases_list": _read(params=_model),
     "v1_models_aliases_retrieve": _read(params=_staging),
     "v1_models_aliases_history_list": _read(params=_staging),
@@ -366,6 +498,7 @@ CALLS: dict[str, Call] = {
     "v1_models_versions_benchmarks_list": _read(params=_version_1),
     "v1_models_versions_derive_list": _read(params=_version_1),
     "v1_models_versions_download_retrieve": Call("mia", 200, params=_version_1, check=_model_downloaded),
+    "v1_models_versions_card_retrieve": Call("mia", 200, params=_version_1, check=_card_downloaded),
     "v1_models_versions_provenance_retrieve": Call("mia", 200, params=_version_1, check=_signed),
     "v1_signing_keys_retrieve": _read(),
     "v1_promotions_list": _read(),

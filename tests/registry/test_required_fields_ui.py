@@ -53,6 +53,7 @@ def world(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytes
         with django_db_blocker.unblock():
             _shadow_staging(made)
             _rollouts(made)
+            _lifecycle(made)
         yield made
 
 
@@ -74,6 +75,22 @@ def _rollouts(world: World) -> None:
     ok(people["mia"].post(f"/api/v1/models/{MODEL}/aliases/held/rollout/pause", {}), 200)
 
 
+RETIRED = "retired"  # a model whose versions nothing uses, for the lifecycle forms
+GONE = "gone"  # a model with no versions, which an admin may delete
+
+
+def _lifecycle(world: World) -> None:
+    """The version page's lifecycle forms: 'retired' v1 is active and unused (archive, hold, delete); v2 is archived
+    and under legal hold (unarchive, release). 'gone' has no versions, so it may be deleted."""
+    people = world.people
+    ok(people["mia"].post("/api/v1/models", {"name": RETIRED}), 201)
+    for bias in (5.0, 6.0):
+        ok(people["mia"].upload(RETIRED, [("model.onnx", add_model_bytes(bias=bias))]), 201)
+    ok(people["mia"].post(f"/api/v1/models/{RETIRED}/versions/2/archive", {}), 200)
+    ok(people["root"].post(f"/api/v1/models/{RETIRED}/versions/2/hold", {"reason": "case 1"}), 200)
+    ok(people["mia"].post("/api/v1/models", {"name": GONE}), 201)
+
+
 @pytest.fixture(autouse=True)
 def _world(world: World, settings: Any, tmp_path: Path) -> None:
     use_world(world, settings, tmp_path)
@@ -88,6 +105,15 @@ class Page:
 
     path: Callable[[World], str]
     viewers: tuple[str | None, ...] = ("mia",)  # None: nobody signed in
+    # The same page of other objects, in states that show other forms (each rendered for the same viewers).
+    more: tuple[Callable[[World], str], ...] = ()
+
+    def paths(self, world: World) -> list[str]:
+        return [self.path(world), *(path(world) for path in self.more)]
+
+
+def _retired(number: int, then: str = "") -> Callable[[World], str]:
+    return lambda world: f"/ui/models/{RETIRED}/versions/{number}{then}"
 
 
 def _promotion_page(world: World) -> str:
@@ -99,7 +125,12 @@ PAGES: dict[str, Page] = {
     "ui:models": Page(lambda w: "/ui/"),
     "ui:model": Page(lambda w: f"/ui/models/{MODEL}", ("mia", "ada", "root")),  # root sets signature requirements
     "ui:upload": Page(lambda w: f"/ui/models/{MODEL}/upload"),
-    "ui:version": Page(lambda w: f"/ui/models/{MODEL}/versions/1"),
+    # mia archives and unarchives; root, an admin, also holds, releases and deletes.
+    "ui:version": Page(lambda w: f"/ui/models/{MODEL}/versions/1", ("mia", "root"), (_retired(1), _retired(2))),
+    "ui:version-delete": Page(_retired(1, "/delete"), ("root",)),
+    "ui:version-card": Page(lambda w: f"/ui/models/{MODEL}/versions/1/card"),
+    "ui:model-delete": Page(lambda w: f"/ui/models/{GONE}/delete", ("root",)),
+    "ui:model-retention": Page(lambda w: f"/ui/models/{MODEL}/retention", ("mia", "root")),  # root may pick delete
     "ui:compare": Page(lambda w: f"/ui/models/{MODEL}/compare?a=1&b=2"),
     "ui:promote": Page(lambda w: f"/ui/models/{MODEL}/promote?alias=staging&version=1"),
     "ui:promotions": Page(lambda w: "/ui/promotions"),
@@ -125,6 +156,11 @@ POST_ONLY = {
     "ui:alias-rollout-resume",
     "ui:alias-rollout-abort",
     "ui:promotion-decide",
+    "ui:version-archive",
+    "ui:version-unarchive",
+    "ui:version-hold",
+    "ui:version-release",
+    "ui:model-retention-preview",
     "ui:token-revoke",
     "ui:user",
     "ui:user-password-link",
@@ -150,6 +186,7 @@ class Submit:
     copy: Callable[[World], str] = lambda world: ""
     scripted: bool = False  # posted by the page's script with the CSRF token in a header, as the upload is
     runs_tasks: bool = False  # run what the request queues after commit (the upload's validation), as a server does
+    at: Callable[[World], str] | None = None  # which of the page's addresses (``Page.more``); None: its first
 
 
 def _model_created(world: World, response: Any) -> None:
@@ -238,6 +275,40 @@ def _rollout_now(alias: str, state: str, action: str, reason: str) -> Check:
 def _version_cleared(world: World, response: Any) -> None:
     version = world.read(f"/api/v1/models/{MODEL}/versions/1")
     assert (version["description"], version["tags"]) == ("", [])
+
+
+def _retired_state(number: int, state: str, hold: str | None, action: str, reason: str) -> Check:
+    """The version's lifecycle and hold after the form, and the audit event it wrote (by whom, with what reason)."""
+
+    def check(world: World, response: Any) -> None:
+        lifecycle = world.read(f"/api/v1/models/{RETIRED}/versions/{number}")["lifecycle"]
+        assert (lifecycle["state"], (lifecycle["hold"] or {}).get("reason")) == (state, hold)
+        (event,) = world.read(f"/api/v1/audit?action={action}&model={RETIRED}")["results"][:1]
+        assert (event["target"], event["after"]["reason"]) == (f"{RETIRED}/{number}", reason)
+
+    return check
+
+
+def _retired_deleted(world: World, response: Any) -> None:
+    deleted = world.read(f"/api/v1/models/{RETIRED}/versions/1")["lifecycle"]["deleted"]
+    assert (deleted["by"], deleted["reason"]) == ("root", "obsolete")
+
+
+def _model_gone(world: World, response: Any) -> None:
+    assert world.status_of(f"/api/v1/models/{GONE}") == 404
+    (event,) = world.read(f"/api/v1/audit?action=model.delete&model={GONE}")["results"]
+    assert (event["actor"], event["after"]) == ("root", {"reason": "unused"})
+
+
+def _no_retention_rule(world: World, response: Any) -> None:
+    """Both numbers empty: no rule, which demo already had, so nothing changed and nothing was audited."""
+    assert world.read(f"/api/v1/models/{MODEL}/retention")["rule"] is None
+    assert world.read("/api/v1/audit?action=model.retention")["results"] == []
+
+
+def _previewed_no_rule(world: World, response: Any) -> None:
+    assert "With no rule, nothing is archived or deleted automatically." in response.content.decode()
+    assert world.read(f"/api/v1/models/{MODEL}/retention")["rule"] is None
 
 
 def _uploaded(world: World, response: Any) -> None:
@@ -374,6 +445,51 @@ FORMS: dict[str, Submit] = {
         copy=lambda w: "/aliases/canary/",
     ),
     "ui:version": Submit("ui:version", "mia", 302, _version_cleared, f"/ui/models/{MODEL}/versions/1"),
+    "ui:version-archive": Submit(
+        "ui:version",
+        "mia",
+        302,
+        _retired_state(1, "archived", None, "version.archive", ""),
+        f"/ui/models/{RETIRED}/versions/1",
+        at=_retired(1),
+    ),
+    "ui:version-unarchive": Submit(
+        "ui:version",
+        "mia",
+        302,
+        _retired_state(2, "active", "case 1", "version.unarchive", ""),
+        f"/ui/models/{RETIRED}/versions/2",
+        at=_retired(2),
+    ),
+    "ui:version-hold": Submit(
+        "ui:version",
+        "root",
+        302,
+        _retired_state(1, "active", "case 2", "version.hold", "case 2"),
+        f"/ui/models/{RETIRED}/versions/1",
+        lambda w: {"reason": "case 2"},
+        at=_retired(1),
+    ),
+    "ui:version-release": Submit(
+        "ui:version",
+        "root",
+        302,
+        _retired_state(2, "archived", None, "version.release", "case closed"),
+        f"/ui/models/{RETIRED}/versions/2",
+        lambda w: {"reason": "case closed"},
+        at=_retired(2),
+    ),
+    "ui:version-delete": Submit(
+        "ui:version-delete",
+        "root",
+        302,
+        _retired_deleted,
+        f"/ui/models/{RETIRED}/versions/1",
+        lambda w: {"reason": "obsolete"},
+    ),
+    "ui:model-delete": Submit("ui:model-delete", "root", 302, _model_gone, "/ui/", lambda w: {"reason": "unused"}),
+    "ui:model-retention": Submit("ui:model-retention", "mia", 302, _no_retention_rule, f"/ui/models/{MODEL}/retention"),
+    "ui:model-retention-preview": Submit("ui:model-retention", "mia", 200, _previewed_no_rule),
     "ui:upload": Submit(
         "ui:upload",
         "mia",
@@ -483,8 +599,8 @@ def test_every_post_form_of_every_page_is_in_the_table(world):
     seen: dict[str, set[str]] = {}
     scripted: set[str] = set()
     for name, page in PAGES.items():
-        for who in page.viewers:
-            html, at = render(browser(who), page.path(world))
+        for who, path in [(who, path) for path in page.paths(world) for who in page.viewers]:
+            html, at = render(browser(who), path)
             for key, submissions in forms_on(html, at).items():
                 seen.setdefault(key, set()).add(f"{name} as {who or 'nobody'}")
                 if any("js-only" in form.classes for form, _ in submissions):
@@ -501,7 +617,7 @@ def test_every_post_form_of_every_page_is_in_the_table(world):
 def test_form_succeeds_with_only_its_required_fields(world, key: str):
     submit = FORMS[key]
     client = browser(submit.who)
-    html, at = render(client, PAGES[submit.page].path(world))
+    html, at = render(client, (submit.at or PAGES[submit.page].path)(world))
     copies = [
         (form, button)
         for form, button in forms_on(html, at).get(key, [])
@@ -533,9 +649,9 @@ def test_every_get_form_of_every_page_answers_when_sent_empty(world):
     """The search, filter and pick forms (method GET) sent as they are shown, every box empty: the page, no error."""
     sent = []
     for page in PAGES.values():
-        for who in page.viewers:
+        for who, path in [(who, path) for path in page.paths(world) for who in page.viewers]:
             client = browser(who)
-            html, at = render(client, page.path(world))
+            html, at = render(client, path)
             for form in post_forms(html, at, method="get"):
                 for address, button in form.targets():
                     fields = browser_fields(form, button, GET_FILL.get(form_key(address), {}))

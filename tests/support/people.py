@@ -38,15 +38,15 @@ class Person:
     def delete(self, path: str, **kwargs: Any) -> Any:
         return self.client.delete(path, HTTP_AUTHORIZATION=f"Bearer {self.token}", **kwargs)
 
-    def upload(self, model: str, files: list[tuple[str, bytes]], **fields: Any) -> Any:
-        """POST a multipart upload; each (name, bytes) becomes one 'file' part, in order."""
+    def upload(self, model: str, files: list[tuple[str, bytes]], *, query: str = "", **fields: Any) -> Any:
+        """POST a multipart upload; each (name, bytes) becomes one 'file' part, in order, to the path plus ``query``."""
         from django.core.files.uploadedfile import SimpleUploadedFile
 
         parts = [SimpleUploadedFile(name, data, content_type="application/octet-stream") for name, data in files]
         # Tasks run in-process after commit; inside a test's transaction, run them as the block exits.
         with TestCase.captureOnCommitCallbacks(execute=True):
             return self.client.post(
-                f"/api/v1/models/{model}/versions",
+                f"/api/v1/models/{model}/versions{query}",
                 {"file": parts, **fields},
                 HTTP_AUTHORIZATION=f"Bearer {self.token}",
             )
