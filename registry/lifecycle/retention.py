@@ -40,7 +40,14 @@ from django.utils import timezone
 from registry.access.auth import has_role
 from registry.audit.chain import SYSTEM, Actor, audit_record
 from registry.errors import Conflict, InvalidInput, PermissionDenied, RegistryError
-from registry.lifecycle.services import archive_refusals, delete_refusals, version_archive, version_delete
+from registry.lifecycle.services import (
+    Uses,
+    archive_refusals,
+    delete_refusals,
+    uses_of,
+    version_archive,
+    version_delete,
+)
 from registry.models import AliasMove, ModelVersion, RegisteredModel, Role, VersionStatus
 
 __all__ = [
@@ -202,18 +209,18 @@ def _aliased_within(
     return phrases
 
 
-def _spared(version: ModelVersion, rule: dict[str, Any], since: datetime, aliased: list[str]) -> list[str]:
+def _spared(version: ModelVersion, rule: dict[str, Any], since: datetime, aliased: list[str], uses: Uses) -> list[str]:
     """Why the rule keeps a candidate (empty when it does not)."""
     reasons = []
     if version.status in _UNFINISHED:
         reasons.append(f"its validation has not finished ({version.status})")
     if rule["then"] == DELETE:
-        reasons += delete_refusals(version)  # a legal hold first, then what uses it
+        reasons += delete_refusals(version, uses)  # a legal hold first, then what uses it
     else:
         if version.held_at is not None:
             by = version.held_by.username if version.held_by else "someone"
             reasons.append(f"it is under legal hold (by {by} since {_at(version.held_at)}: {version.hold_reason})")
-        reasons += archive_refusals(version)
+        reasons += archive_refusals(version, uses)
     reasons += aliased
     if version.last_served_at is not None and version.last_served_at >= since:
         reasons.append(
@@ -259,9 +266,10 @@ def retention_plan(*, model: RegisteredModel, rule: object = None, now: datetime
         candidates = [version for version in candidates if version.archived_at is None]
     candidates.sort(key=lambda version: version.version)
     aliased = _aliased_within(model, candidates, since, checked["keep_days"])
+    uses = uses_of(model)
     actions, kept = [], []
     for version in candidates:
-        reasons = _spared(version, checked, since, aliased.get(version.pk, []))
+        reasons = _spared(version, checked, since, aliased.get(version.pk, []), uses)
         if reasons:
             kept.append(RetentionAction(version.version, KEEP, "; ".join(reasons)))
         else:

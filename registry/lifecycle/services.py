@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from registry import queueing
@@ -43,9 +43,11 @@ from registry.serving import LoadState, fleet_list
 from storage import StorageError, get_storage
 
 __all__ = [
+    "Uses",
     "archive_refusals",
     "delete_refusals",
     "model_delete",
+    "uses_of",
     "version_archive",
     "version_delete",
     "version_hold",
@@ -84,49 +86,74 @@ def _require_reason(reason: str, what: str) -> str:
 # --- What still uses a version ----------------------------------------------------------------------
 
 
-def _uses(version: ModelVersion) -> list[str]:
-    """Aliases, live rollouts, running shadows and pending promotion requests that name the version."""
-    reasons = [
-        f"alias '{name}' points at it"
-        for name in Alias.objects.filter(version=version).order_by("name").values_list("name", flat=True)
-    ]
-    rollouts = AliasRollout.objects.filter(Q(version=version) | Q(base_version=version), state__in=ROLLOUT_LIVE)
-    reasons += [
-        f"rollout {rollout.pk} on alias '{rollout.alias.name}' ({rollout.state}) uses it"
-        for rollout in rollouts.select_related("alias").order_by("pk")
-    ]
-    shadows = AliasShadow.objects.filter(version=version, ended_at__isnull=True).select_related("alias")
-    reasons += [f"a shadow on alias '{shadow.alias.name}' runs it" for shadow in shadows.order_by("pk")]
-    pending = PromotionRequest.objects.filter(version=version, state=PromotionState.PENDING).order_by("pk")
-    reasons += [f"promotion request {pk} names it" for pk in pending.values_list("pk", flat=True)]
-    return reasons
+@dataclass(frozen=True)
+class Uses:
+    """What uses each version of one model now, read in a fixed number of queries whatever its size.
+
+    ``named``: aliases pointing at it, live rollouts (as candidate or base), running shadows and pending
+    promotion requests, each a phrase; ``served``: the inference processes whose last report loads it.
+    """
+
+    named: dict[int, list[str]]
+    served: dict[int, list[str]]
+
+    def of(self, version: ModelVersion) -> list[str]:
+        return self.named.get(version.pk, [])
 
 
-def archive_refusals(version: ModelVersion) -> list[str]:
-    """Why the version cannot be archived now (empty when it can)."""
+def uses_of(model: RegisteredModel, *, fleet: bool = True) -> Uses:
+    """Every use of every version of ``model`` (five queries; four without the ``fleet``, which archiving ignores)."""
+    named: dict[int, list[str]] = {}
+
+    def add(version_id: int | None, phrase: str) -> None:
+        if version_id is not None:
+            named.setdefault(version_id, []).append(phrase)
+
+    for name, version_id in Alias.objects.filter(model=model).order_by("name").values_list("name", "version_id"):
+        add(version_id, f"alias '{name}' points at it")
+    rollouts = AliasRollout.objects.filter(alias__model=model, state__in=ROLLOUT_LIVE).select_related("alias")
+    for rollout in rollouts.order_by("pk"):
+        phrase = f"rollout {rollout.pk} on alias '{rollout.alias.name}' ({rollout.state}) uses it"
+        for version_id in dict.fromkeys((rollout.version_id, rollout.base_version_id)):
+            add(version_id, phrase)
+    shadows = AliasShadow.objects.filter(alias__model=model, ended_at__isnull=True).select_related("alias")
+    for shadow in shadows.order_by("pk"):
+        add(shadow.version_id, f"a shadow on alias '{shadow.alias.name}' runs it")
+    pending = PromotionRequest.objects.filter(alias__model=model, state=PromotionState.PENDING, version__isnull=False)
+    for pk, version_id in pending.order_by("pk").values_list("pk", "version_id"):
+        add(version_id, f"promotion request {pk} names it")
+    # The fleet's last reports: a process that still loads or serves it (an offline one counts too, until
+    # it has been gone long enough to be dropped from the fleet page).
+    numbers = dict(model.versions.values_list("version", "pk"))
+    served: dict[int, list[str]] = {}
+    for worker in fleet_list() if fleet else []:
+        for row in worker.loaded:
+            if row.model == model.name and row.version in numbers and row.state in _STATES_THAT_SERVE:
+                served.setdefault(numbers[row.version], []).append(
+                    f"inference process {worker.worker_id} still serves it"
+                )
+    return Uses(named=named, served=served)
+
+
+def archive_refusals(version: ModelVersion, uses: Uses | None = None) -> list[str]:
+    """Why the version cannot be archived now (empty when it can); ``uses``: read once for many versions."""
     if version.deleted_at is not None:
         return ["it is deleted"]
-    return _uses(version)
+    return (uses or uses_of(version.model, fleet=False)).of(version)
 
 
-def delete_refusals(version: ModelVersion) -> list[str]:
+def delete_refusals(version: ModelVersion, uses: Uses | None = None) -> list[str]:
     """Why the version cannot be deleted now, each reason a phrase (empty when it can)."""
     if version.deleted_at is not None:
         return ["it is already deleted"]
+    uses = uses or uses_of(version.model)
     reasons: list[str] = []
     if version.held_at is not None:
         by = version.held_by.username if version.held_by else "someone"
         reasons.append(
             f"it is under legal hold (by {by} since {version.held_at:%Y-%m-%d %H:%M} UTC: {version.hold_reason})"
         )
-    reasons += _uses(version)
-    # The fleet's last reports: a process that still loads or serves it (an offline one counts too,
-    # until it has been gone long enough to be dropped from the fleet page).
-    for worker in fleet_list():
-        for row in worker.loaded:
-            if row.model == version.model.name and row.version == version.version and row.state in _STATES_THAT_SERVE:
-                reasons.append(f"inference process {worker.worker_id} still serves it")
-    return reasons
+    return reasons + uses.of(version) + uses.served.get(version.pk, [])
 
 
 def _refuse(version: ModelVersion, verb: str, reasons: list[str]) -> None:

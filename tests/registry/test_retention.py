@@ -612,3 +612,32 @@ def test_the_service_refuses_a_bad_rule_as_the_api_does(owner, registered):
     with pytest.raises(InvalidInput, match=KEEP_LAST):
         retention.retention_set(model=model(), rule={"keep_last": 0, "keep_days": 1}, actor=owner.actor)
     assert model().retention is None
+
+
+def _bare_versions(model: RegisteredModel, numbers: range, owner: Person) -> None:
+    """Ready version rows made directly (no files): what a plan reads of them."""
+    user = owner.actor.user
+    ModelVersion.objects.bulk_create(
+        ModelVersion(
+            model=model, version=n, status=VersionStatus.READY, sha256=f"{n:064x}", size_bytes=1, created_by=user
+        )
+        for n in numbers
+    )
+    ModelVersion.objects.filter(model=model).update(created_at=timezone.now() - timedelta(days=100))
+
+
+def test_a_preview_reads_the_same_number_of_queries_for_any_number_of_versions(owner, registered):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    rule = {"keep_last": 1, "keep_days": 1, "then": "delete"}
+    small, large = RegisteredModel.objects.create(name="small"), RegisteredModel.objects.create(name="large")
+    _bare_versions(small, range(1, 4), owner)
+    _bare_versions(large, range(1, 31), owner)
+    counts = []
+    for model in (small, large):
+        with CaptureQueriesContext(connection) as queries:
+            plan = retention.retention_plan(model=model, rule=rule)
+        counts.append(len(queries.captured_queries))
+        assert len(plan.actions) == model.versions.count() - 1
+    assert counts[0] == counts[1], counts
