@@ -57,7 +57,9 @@ def load_version(spec: VersionSpec, cache: ArtifactCache) -> LoadedVersion:
     rss_before = _rss_bytes()
     folder, digests = cache.bundle_with_digests(spec.sha256, spec.files)
     verify_version(spec, digests)  # the bytes just read, against bundles read from storage: before any session
-    built = build_session(folder / spec.model_file, fixed_address_io=not unfixed_tensors(spec.signature))
+    built = build_session(
+        folder / spec.model_file, fixed_address_io=not unfixed_tensors(spec.signature), spinning=spinning(spec)
+    )
     runner = None
     if built.graphs:  # the session replays a captured CUDA graph: its inputs must stay where it found them
         device = "cuda" if built.provider in GPU_PROVIDERS else "cpu"
@@ -99,9 +101,22 @@ def load_version(spec: VersionSpec, cache: ArtifactCache) -> LoadedVersion:
     return loaded
 
 
+def spinning(spec: VersionSpec) -> bool:
+    """Whether the version's idle ONNX Runtime threads spin: as ``MODELYARD_ORT_SPINNING`` says, except for a
+    shadow's candidate that serves nothing itself (``spec.mirror_only``), whose threads always sleep.
+
+    Spinning threads keep a core busy between runs to start the next one sooner. The primary's can
+    afford it; a candidate's would take the primary's cores for the mirrored requests it rarely runs,
+    which costs the primary more than the mirror's own run time (``bench/progressive.py``). When the
+    candidate starts serving (promoted, or a rollout's share), the runtime loads it again with the
+    setting's threads and switches to that session (``inference/runtime.py``).
+    """
+    return settings.ORT_SPINNING and not spec.mirror_only
+
+
 def _cpu_lanes(model_path: Path, spec: VersionSpec, samples: Path | None, instances: int) -> list[Any]:
     """The CPU lanes of a version with ``instances`` > 1, each warmed up like the version's session."""
-    lanes = build_cpu_lanes(model_path, instances)
+    lanes = build_cpu_lanes(model_path, instances, spinning=spinning(spec))
     for lane in lanes:
         _warm_up(lane, spec, samples)
     logger.info(

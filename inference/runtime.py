@@ -122,6 +122,11 @@ class InferenceRuntime:
         self.notice = host_notice()
         self._desired = DesiredState(versions={}, routes={})
         self._loads: dict[int, Future[LoadedVersion]] = {}
+        # A shadow's candidate loaded with sleeping threads (VersionSpec.mirror_only) that now serves: loaded
+        # again with the setting's threads while the first session serves; switched to when ready.
+        self._reloads: dict[int, Future[LoadedVersion]] = {}
+        self._reload_failed: set[int] = set()  # keeps its first session: a failed reload is not tried again
+        self._replaced: list[LoadedVersion] = []  # released once the routes no longer name them
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model-load")
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -269,6 +274,9 @@ class InferenceRuntime:
     def _start_loads(self, desired: DesiredState) -> None:
         now = time.monotonic()
         for version_id, spec in desired.versions.items():
+            loaded = self.loaded.get(version_id)
+            if loaded is not None and loaded.spec.mirror_only and not spec.mirror_only:
+                self._start_reload(version_id, spec)
             if version_id in self.loaded or version_id in self._loads:
                 continue
             failure = self.status.failures.get(version_id)
@@ -281,7 +289,34 @@ class InferenceRuntime:
             future.add_done_callback(lambda _f: self._wake.set())
             self._loads[version_id] = future
 
+    def _start_reload(self, version_id: int, spec: VersionSpec) -> None:
+        if version_id in self._reloads or version_id in self._reload_failed:
+            return
+        logger.info("%s v%s serves now: loading it again with serving threads", spec.model, spec.version)
+        future = self._executor.submit(load_version, spec, self.cache)
+        future.add_done_callback(lambda _f: self._wake.set())
+        self._reloads[version_id] = future
+
+    def _collect_finished_reloads(self) -> None:
+        for version_id, future in list(self._reloads.items()):
+            if not future.done():
+                continue
+            del self._reloads[version_id]
+            try:
+                fresh = future.result()
+            except Exception as exc:  # noqa: BLE001 - the first session keeps serving
+                self._reload_failed.add(version_id)
+                logger.warning("loading version id %s again failed; its first session serves on: %s", version_id, exc)
+                continue
+            current = self.loaded.get(version_id)
+            if current is None:  # released meanwhile
+                self._replaced.append(fresh)
+                continue
+            self.loaded[version_id] = fresh
+            self._replaced.append(current)
+
     def _collect_finished_loads(self) -> None:
+        self._collect_finished_reloads()
         for version_id, future in list(self._loads.items()):
             if not future.done():
                 continue
@@ -352,6 +387,9 @@ class InferenceRuntime:
         self.router = Router(table, shadows, splits)  # the atomic switch
         for version_id in leftovers:
             self._release(self.loaded.pop(version_id))
+            self._reload_failed.discard(version_id)
+        while self._replaced:  # sessions loaded again: the router names the new ones now
+            self._release(self._replaced.pop())
         # Never evict what serves, nor a bundle that a load in the background is still reading.
         keep = {v.spec.sha256 for v in self.loaded.values()} | {s.sha256 for s in self.status.loading.values()}
         self.cache.evict(keep=keep)

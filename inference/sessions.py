@@ -210,8 +210,9 @@ def provider_options(names: list[str], *, cuda_graphs: bool = False) -> list[tup
     return out
 
 
-def session_options(intra_op_threads: int = 0) -> Any:
-    """ORT's options from the settings; ``intra_op_threads`` (0: the setting, else ORT's default) overrides."""
+def session_options(intra_op_threads: int = 0, *, spinning: bool | None = None) -> Any:
+    """ORT's options from the settings; ``intra_op_threads`` (0: the setting, else ORT's default) overrides, and
+    ``spinning`` (None: ``MODELYARD_ORT_SPINNING``) says whether idle threads spin."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -222,7 +223,7 @@ def session_options(intra_op_threads: int = 0) -> Any:
     level = _GRAPH_LEVELS.get(settings.ORT_GRAPH_OPTIMIZATION, "ORT_ENABLE_ALL")
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     options.log_severity_level = 3
-    if not settings.ORT_SPINNING:
+    if not (settings.ORT_SPINNING if spinning is None else spinning):
         # Idle intra-op threads sleep instead of spinning, leaving the cores to the event loop between runs.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
@@ -438,13 +439,15 @@ def _dynamic_inputs(session: Any) -> list[str]:
     return [i.name for i in session.get_inputs() if any(not isinstance(d, int) or d < 0 for d in i.shape)]
 
 
-def _create(model_path: Path, chosen: list[str], *, cuda_graphs: bool, intra_op_threads: int = 0) -> Any:
+def _create(
+    model_path: Path, chosen: list[str], *, cuda_graphs: bool, intra_op_threads: int = 0, spinning: bool | None = None
+) -> Any:
     import onnxruntime as ort
 
     # enable_fallback=0: ONNX Runtime would otherwise retry on the CPU by itself and only print why.
     return ort.InferenceSession(
         os.fspath(model_path),
-        session_options(intra_op_threads),
+        session_options(intra_op_threads, spinning=spinning),
         providers=provider_options(chosen, cuda_graphs=cuda_graphs),
         enable_fallback=0,
     )
@@ -463,17 +466,20 @@ def lane_threads(instances: int) -> int:
     return settings.ORT_INTRA_OP_THREADS or max(1, usable_cores() // instances)
 
 
-def build_cpu_lanes(model_path: Path, instances: int) -> list[Any]:
+def build_cpu_lanes(model_path: Path, instances: int, *, spinning: bool | None = None) -> list[Any]:
     """One CPU session per instance, each with its share of the cores (:func:`lane_threads`).
 
     Two runs on one session would each want every core; on a small CPU their threads then wait on
     each other. Narrow sessions side by side do not (measured in the README, "Measured").
     """
     threads = lane_threads(instances)
-    return [_create(model_path, [CPU], cuda_graphs=False, intra_op_threads=threads) for _ in range(instances)]
+    return [
+        _create(model_path, [CPU], cuda_graphs=False, intra_op_threads=threads, spinning=spinning)
+        for _ in range(instances)
+    ]
 
 
-def build_session(model_path: Path, *, fixed_address_io: bool = False) -> BuiltSession:
+def build_session(model_path: Path, *, fixed_address_io: bool = False, spinning: bool | None = None) -> BuiltSession:
     """Create a session on the first requested provider that works; say why when that is not the first asked.
 
     ``fixed_address_io``: the caller runs the session through IO binding at fixed addresses, which a
@@ -507,7 +513,7 @@ def build_session(model_path: Path, *, fixed_address_io: bool = False) -> BuiltS
         )
     while True:
         try:
-            session = _create(model_path, chosen, cuda_graphs=graphs)
+            session = _create(model_path, chosen, cuda_graphs=graphs, spinning=spinning)
             break
         except Exception as exc:
             if graphs:
@@ -535,7 +541,9 @@ def build_session(model_path: Path, *, fixed_address_io: bool = False) -> BuiltS
         notes.append(reason)
     if graphs and provider in GPU_PROVIDERS and (dynamic := _dynamic_inputs(session)):
         notes.append(f"CUDA graphs are off for this model: {', '.join(dynamic)} have dynamic dimensions")
-        session = _create(model_path, [provider, *chosen[chosen.index(provider) + 1 :]], cuda_graphs=False)
+        session = _create(
+            model_path, [provider, *chosen[chosen.index(provider) + 1 :]], cuda_graphs=False, spinning=spinning
+        )
         graphs = False
     requested = requested_providers()
     if requested and provider != requested[0] and not notes:

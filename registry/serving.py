@@ -158,6 +158,8 @@ class VersionSpec:
     batching_reason: str = ""
     # The bundles every load verifies; none means the version is not signed, and it is not loaded.
     signatures: tuple[ServedSignature, ...] = ()
+    # Only a shadow's candidate: no alias or rollout routes requests to it (its session's threads sleep).
+    mirror_only: bool = False
 
     @property
     def batching_settings(self) -> tuple[int, int, int, int | None, bool, str]:
@@ -255,7 +257,7 @@ def desired_state() -> DesiredState:
         if shadow.version_id == shadow.alias.version_id:
             continue  # the alias serves the candidate itself now: nothing to compare
         if shadow.version_id not in versions:
-            versions[shadow.version_id] = _version_spec(model, shadow.version)
+            versions[shadow.version_id] = replace(_version_spec(model, shadow.version), mirror_only=True)
         shadows.setdefault(model.name, {})[shadow.alias.name] = ShadowSpec(shadow.pk, shadow.version_id, shadow.sample)
     splits: dict[str, dict[str, SplitSpec]] = {}
     rolling = (
@@ -274,6 +276,8 @@ def desired_state() -> DesiredState:
             continue
         if rollout.version_id not in versions:
             versions[rollout.version_id] = _version_spec(model, rollout.version)
+        elif versions[rollout.version_id].mirror_only:  # shadowed on one alias, routed a share on another
+            versions[rollout.version_id] = replace(versions[rollout.version_id], mirror_only=False)
         splits.setdefault(model.name, {})[rollout.alias.name] = SplitSpec(
             rollout.pk, rollout.version_id, rollout.percent
         )
