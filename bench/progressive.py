@@ -9,9 +9,11 @@ What it does, all on 127.0.0.1 and cleaned up afterwards (the database and proce
 1. builds v2 of all-MiniLM-L6-v2 (``../shared/models/minilm-l6/model.onnx``) by adding 0.001 to its
    embedding, so the shadow's report must say: max absolute difference 0.001, cosine just under 1;
 2. starts the registry and one ``modelyard serve --role inference`` process (CPU, ORT's default
-   threads: every core), uploads both versions, points ``production`` at v1 and a served
-   ``staging`` alias at v2, so that v2 is loaded, idle, in every phase: what differs between the
-   phases is the shadow alone, not a load or an unload;
+   threads: every core), uploads both versions, points ``production`` and a served ``staging``
+   alias at v1, and starts a standing shadow of v2 on ``staging``, which gets no requests: so v2 is
+   loaded, idle, in every phase, as a shadow's candidate only (with sleeping threads, as any
+   shadow's candidate that serves nothing itself), and what differs between the phases is
+   production's shadow alone, not a load or an unload;
 3. for each client count, and for each round, measures production's throughput (batch-1 requests,
    sequence length 32, keep-alive clients without pause) for ``--phase-seconds`` without a shadow,
    then with v2 shadowing at ``--sample``, then without again: the ratio of the shadowed phase to
@@ -164,16 +166,19 @@ def _run(args: argparse.Namespace, work: Path, servers: list[Server]) -> dict[st
         MODELYARD_RECONCILE_POLL_SECONDS="1",
         MODELYARD_FLEET_HEARTBEAT_SECONDS="1",
         MODELYARD_ORT_SPINNING=args.ort_spinning,
+        **({"MODELYARD_SHADOW_MAX_COST": str(args.shadow_max_cost)} if args.shadow_max_cost is not None else {}),
     )
     inference = Server("inf-1", "inference", env, work)
     servers.append(inference)
     inference.wait("/v2/health/ready", {200})
     body_bytes = infer_body(tokens)
     meter = CpuMeter({"inference": inference.process.pid, "web": web.process.pid})  # each its own session
-    status, staged = request(web.port, "PUT", STAGING, alice, {"version": 2})
+    status, staged = request(web.port, "PUT", STAGING, alice, {"version": 1})
     assert status in (200, 201), staged
     status, staged = request(web.port, "PATCH", STAGING, admin, {"served": True})  # an admin's flag
     assert status == 200, staged
+    status, standing = request(web.port, "PUT", f"{STAGING}/shadow", alice, {"version": 2, "sample": args.sample})
+    assert status == 201, standing
 
     def v2_row(fleet: Any) -> dict[str, Any] | None:
         rows = [r for w in fleet for r in w["loaded"] if r["version"] == 2 and r["state"] == "ready"]
@@ -189,7 +194,7 @@ def _run(args: argparse.Namespace, work: Path, servers: list[Server]) -> dict[st
                 raise RuntimeError(f"{what} never showed in the fleet report")
             time.sleep(0.2)
 
-    wait_fleet("v2 loaded for staging", lambda row: row is not None)
+    wait_fleet("v2 loaded as staging's shadow", lambda row: row is not None and "staging" in row["shadows"])
 
     def shadow_on() -> None:
         status, started = request(web.port, "PUT", SHADOW, alice, {"version": 2, "sample": args.sample})
@@ -199,7 +204,7 @@ def _run(args: argparse.Namespace, work: Path, servers: list[Server]) -> dict[st
     def shadow_off() -> dict[str, Any]:
         status, ended = request(web.port, "DELETE", SHADOW, alice)
         assert status == 200, ended
-        wait_fleet("the shadow's end", lambda row: row is not None and not row["shadows"])
+        wait_fleet("the shadow's end", lambda row: row is not None and "production" not in row["shadows"])
         time.sleep(1.5)  # the heartbeat after the end carries the last counts
         return request(web.port, "GET", SHADOW, alice)[1]
 
@@ -234,6 +239,7 @@ def _run(args: argparse.Namespace, work: Path, servers: list[Server]) -> dict[st
         "sample": args.sample,
         "control": args.control,
         "ort_spinning": args.ort_spinning,
+        "shadow_max_cost": args.shadow_max_cost,
         "offset": OFFSET,
         "phase_seconds": args.phase_seconds,
         "series": series,
@@ -358,6 +364,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=["true", "false"],
         default="true",
         help="the inference process's MODELYARD_ORT_SPINNING (its default: true)",
+    )
+    parser.add_argument(
+        "--shadow-max-cost",
+        type=float,
+        default=None,
+        help="the inference process's MODELYARD_SHADOW_MAX_COST (default: its own default)",
     )
     parser.add_argument("--control", action="store_true", help="no shadow in the middle phase (an A/A run)")
     parser.add_argument("--canary-requests", type=int, default=10_000)

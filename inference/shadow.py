@@ -16,12 +16,12 @@ and counted by reason, rather than allowed to compete with the primary:
   and again before the mirror runs), or the candidate's has requests waiting: a mirrored run starts
   only on an idle primary, since on a small CPU two versions' runs side by side wait on each other's
   threads (and spinning threads make that cost the primary more than the mirror's own run time);
-- ``budget``: the candidate's runs for this shadow have taken ``MODELYARD_SHADOW_MAX_COST`` (0.05)
+- ``budget``: the candidate's runs for this shadow have taken ``MODELYARD_SHADOW_MAX_COST`` (0.03)
   of the time the primary's ONNX Runtime runs took in this process since the shadow started here
   (``VersionStats.busy_ns``: each run once, however many requests it merged, and no time spent
-  waiting); so a candidate as costly as the primary, mirrored at a sample of 0.1, runs about half
-  the sampled requests, and the shadow costs the primary at most about that share of its throughput
-  when the CPU is the limit;
+  waiting); so a candidate as costly as the primary, mirrored at a sample of 0.1, runs about a third
+  of the sampled requests, and the shadow costs the primary about that share of its throughput when
+  the CPU is the limit (its runs' threads sleep when idle: ``inference/loader.py`` ``spinning``);
 - ``unloaded``: the candidate was released meanwhile (the shadow ended or changed).
 
 Each mirrored request is compared (``onnxkit.agreement.Tally``); the runtime reports the tallies with

@@ -449,7 +449,7 @@ DRAIN_TIMEOUT_SECONDS = env_float("MODELYARD_DRAIN_TIMEOUT_SECONDS", 30.0, minim
 SHADOW_QUEUE_SIZE = env_int("MODELYARD_SHADOW_QUEUE_SIZE", 16, minimum=1)
 # The most time a process's shadows may run, as a share of the time the shadowed aliases' primaries
 # spent answering there; past it, sampled requests are dropped (counted as "budget").
-SHADOW_MAX_COST = env_float("MODELYARD_SHADOW_MAX_COST", 0.05, minimum=0.0001)
+SHADOW_MAX_COST = env_float("MODELYARD_SHADOW_MAX_COST", 0.03, minimum=0.0001)
 
 # The Celery app becomes the current one in every process that loads these settings, so that the
 # registry's tasks queue to it (the package root imports nothing, for the sake of modelyard.client).
