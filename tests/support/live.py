@@ -135,9 +135,16 @@ def start_live_server(tmp: Path, *, redis_url: str) -> LiveServer:
     del env["MODELYARD_WORKER_ID"]  # each worker process its own fleet member
     env["MODELYARD_BROKER_URL"] = redis_url  # the Celery queue's length is exported; nothing consumes it
     server = ServeProcess("live", "all", env, tmp / "serve.log", args=("--workers", str(WORKERS)))
-    server.wait_ready()
-    live = LiveServer(server, inference_token, maintainer_token, owner, approver)
-    live.wait_serving("demo", 1)
+    try:
+        # A busy CI machine (four test workers on two cores) has needed more than a minute here.
+        server.wait_ready(timeout=180)
+        live = LiveServer(server, inference_token, maintainer_token, owner, approver)
+        live.wait_serving("demo", 1, timeout=180)
+    except BaseException:
+        # Never leave its workers behind: they would go on beating into this database, and every later
+        # fleet test on this test worker would count them.
+        server.kill()
+        raise
     return live
 
 

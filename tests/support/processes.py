@@ -124,7 +124,7 @@ class ServeProcess:
         except ValueError:
             return response.status, raw.decode(errors="replace")
 
-    def wait_ready(self, timeout: float = 60.0) -> None:
+    def wait_ready(self, timeout: float = 120.0) -> None:
         def ready() -> bool:
             if self.process.poll() is not None:
                 raise AssertionError(f"{self.name} exited with {self.process.returncode}:\n{self.log()}")
