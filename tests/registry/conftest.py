@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from registry.models import Role
+from tests.support.people import Person, login_person
 from tests.support.signing import KeyPair, key_pair
 
 
@@ -16,3 +18,19 @@ def ml_team(settings: Any, tmp_path: Path) -> KeyPair:
     pair = key_pair(tmp_path, "ml-team")
     settings.TRUSTED_SIGNERS = [("ml-team", pair.public_path)]
     return pair
+
+
+# The people of the web UI's tests, each logged in with one role (a test file may define its own).
+@pytest.fixture
+def mia() -> Person:
+    return login_person("mia", Role.MAINTAINER)
+
+
+@pytest.fixture
+def ana() -> Person:
+    return login_person("ana", Role.APPROVER)
+
+
+@pytest.fixture
+def vic() -> Person:
+    return login_person("vic", Role.VIEWER)

@@ -32,11 +32,6 @@ def mia() -> Person:
 
 
 @pytest.fixture
-def ana() -> Person:
-    return login_person("ana", Role.APPROVER)
-
-
-@pytest.fixture
 def admin() -> Person:
     return make_person("root", Role.ADMIN)
 

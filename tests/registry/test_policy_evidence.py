@@ -53,11 +53,6 @@ def mia() -> Person:
 
 
 @pytest.fixture
-def ana() -> Person:
-    return login_person("ana", Role.APPROVER)
-
-
-@pytest.fixture
 def candidate(mia: Person, ana: Person) -> ModelVersion:
     """production (protected, served) serves v1, benchmarked; v2 is its fp16 derivation, labelled, not yet measured."""
     v1 = upload_v1(mia)

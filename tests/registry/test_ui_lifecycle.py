@@ -36,11 +36,6 @@ LIFECYCLE_ROUTES = ("/archive", "/unarchive", "/hold", "/hold/release", "/delete
 
 
 @pytest.fixture
-def mia() -> Person:
-    return login_person("mia", Role.MAINTAINER)
-
-
-@pytest.fixture
 def ada() -> Person:
     return login_person("ada", Role.ADMIN)
 
@@ -48,16 +43,6 @@ def ada() -> Person:
 @pytest.fixture
 def aud() -> Person:
     return login_person("aud", Role.AUDITOR)
-
-
-@pytest.fixture
-def vic() -> Person:
-    return login_person("vic", Role.VIEWER)
-
-
-@pytest.fixture
-def ana() -> Person:
-    return login_person("ana", Role.APPROVER)
 
 
 @pytest.fixture

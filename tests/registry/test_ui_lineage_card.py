@@ -10,19 +10,14 @@ import re
 import pytest
 from django.utils import timezone
 
-from registry.models import ModelVersion, Role
+from registry.models import ModelVersion
 from tests.support.onnx_models import add_model_bytes
-from tests.support.people import Person, login_person
+from tests.support.people import Person
 from tests.support.registry import create_model
 
 pytestmark = pytest.mark.django_db
 
 RUN = "https://runs.example.com/exp/7?a=1&b=2"
-
-
-@pytest.fixture
-def mia() -> Person:
-    return login_person("mia", Role.MAINTAINER)
 
 
 def upload(person: Person, bias: float, **fields: str) -> ModelVersion:

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from registry.models import AliasPolicy, PolicyState, PromotionKind, PromotionRequest, Role
-from tests.support.people import Person, login_person
+from registry.models import AliasPolicy, PolicyState, PromotionKind, PromotionRequest
+from tests.support.people import Person
 from tests.support.registry import create_model, promote, set_alias, upload_versions
 
 pytestmark = pytest.mark.django_db
@@ -48,16 +48,6 @@ def section(html: str, anchor: str) -> str:
 def _unhurried(settings: Any) -> None:
     """Rules run under a deadline no busy CI machine reaches (the engine's tests test the deadline)."""
     settings.POLICY_EVAL_TIMEOUT_MS = 10_000
-
-
-@pytest.fixture
-def mia() -> Person:
-    return login_person("mia", Role.MAINTAINER)
-
-
-@pytest.fixture
-def ana() -> Person:
-    return login_person("ana", Role.APPROVER)
 
 
 @pytest.fixture

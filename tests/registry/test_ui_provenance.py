@@ -25,11 +25,6 @@ SIGNATURE_FORM = "/ui/models/demo/aliases/production/signature"
 
 
 @pytest.fixture
-def mia() -> Person:
-    return login_person("mia", Role.MAINTAINER)
-
-
-@pytest.fixture
 def ada() -> Person:
     return login_person("ada", Role.APPROVER)
 

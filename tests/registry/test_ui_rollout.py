@@ -33,7 +33,7 @@ from registry.rollout import services as rollouts
 from registry.rollout.services import rollouts_advance
 from registry.serving import LoadedRow, LoadState, TrafficTotals, WorkerReport, worker_heartbeat
 from tests.support.html_forms import Form, browser_fields, post_forms
-from tests.support.people import Person, login_person, make_person
+from tests.support.people import Person, make_person
 from tests.support.registry import create_model, promote, set_alias, set_served, upload_versions
 
 pytestmark = pytest.mark.django_db
@@ -44,21 +44,6 @@ PRODUCTION = "/ui/models/demo/aliases/production/rollout"
 FAST = 20  # latency bin of a 3.2 ms answer (TRAFFIC_LATENCY_BOUNDS[20] = 0.1 ms * 2**5)
 SLOWER = 24  # latency bin of a 6.4 ms answer (0.1 ms * 2**6)
 ROLE_MESSAGE = "starting, pausing, resuming or aborting a rollout needs the maintainer or admin role"
-
-
-@pytest.fixture
-def mia() -> Person:
-    return login_person("mia", Role.MAINTAINER)
-
-
-@pytest.fixture
-def ana() -> Person:
-    return login_person("ana", Role.APPROVER)
-
-
-@pytest.fixture
-def vic() -> Person:
-    return login_person("vic", Role.VIEWER)
 
 
 @pytest.fixture

@@ -11,10 +11,10 @@ import pytest
 from django.utils.html import escape
 
 from onnxkit.agreement import Tally
-from registry.models import AliasShadow, AuditEvent, PromotionRequest, RegisteredModel, Role, ShadowTally
+from registry.models import AliasShadow, AuditEvent, PromotionRequest, RegisteredModel, ShadowTally
 from registry.shadow import services as shadows
 from tests.support.html_forms import Form, browser_fields, post_forms
-from tests.support.people import Person, login_person
+from tests.support.people import Person
 from tests.support.registry import create_model, promote, set_alias, upload_versions
 
 pytestmark = pytest.mark.django_db
@@ -23,21 +23,6 @@ MODEL_PAGE = "/ui/models/demo"
 START = "/ui/models/demo/aliases/production/shadow"
 STOP = "/ui/models/demo/aliases/production/shadow/stop"
 NOT_MEASURED = '<span class="muted">not measured yet</span>'
-
-
-@pytest.fixture
-def mia() -> Person:
-    return login_person("mia", Role.MAINTAINER)
-
-
-@pytest.fixture
-def ana() -> Person:
-    return login_person("ana", Role.APPROVER)
-
-
-@pytest.fixture
-def vic() -> Person:
-    return login_person("vic", Role.VIEWER)
 
 
 @pytest.fixture
