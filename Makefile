@@ -9,6 +9,8 @@ GPU_CHECK_VENV := build/gpu-wheel-check
 LOCK := requirements
 TEST_DEPS := $(VENV)/.installed-test-deps
 DOCS_DEPS := $(VENV)/.installed-docs-deps
+# The OpenID provider the sign-in tests start (node oidc-provider, tests/oidc_provider/), from its npm lock.
+OIDC_PROVIDER_DEPS := tests/oidc_provider/node_modules/.installed
 UV_COMPILE := --universal --python-version 3.11 --generate-hashes --quiet --custom-compile-command 'make lock'
 # `make run PORT=8100`: the HTTP port; gRPC takes the next one unless GRPC_PORT (or MODELYARD_GRPC_PORT) says.
 PORT ?= 8000
@@ -37,6 +39,10 @@ $(VENV)/.installed-%: pyproject.toml $(LOCK)/%.txt
 # What only the tests need (pytest, Playwright, moto, tritonclient, the linters), from its own lock.
 $(TEST_DEPS): $(VENV)/.installed-$(ORT) $(LOCK)/test.txt
 	$(BIN)/pip install --quiet --require-hashes -r $(LOCK)/test.txt
+	touch $@
+
+$(OIDC_PROVIDER_DEPS): tests/oidc_provider/package.json tests/oidc_provider/package-lock.json
+	npm ci --prefix tests/oidc_provider --no-audit --no-fund --loglevel=error
 	touch $@
 
 # MkDocs and the Material theme for the documentation site (docs/, mkdocs.yml), from their own lock.
@@ -95,7 +101,7 @@ migrations: $(TEST_DEPS)
 # (pyproject.toml: [tool.coverage]); it costs about 40% more CPU, so a local `make test` leaves it out.
 TEST_WORKERS ?= 4
 COVERAGE ?= $(if $(filter true,$(CI)),on,off)
-suite: $(TEST_DEPS) services
+suite: $(TEST_DEPS) $(OIDC_PROVIDER_DEPS) services
 	rm -rf build/coverage && mkdir -p build/coverage
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup -m "slow or not slow" --durations=20 \
 		$(if $(filter on,$(COVERAGE)),--cov --cov-report=term --cov-fail-under=90)

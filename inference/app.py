@@ -148,8 +148,9 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
 
         async def endpoint(request: Request) -> Response:
             try:
-                await plane.authorise(bearer(request) if plane.needs_token else "")
-                return JSONResponse(answer(request.path_params["model"], request.path_params.get("version")))
+                model = request.path_params["model"]
+                await plane.authorise(bearer(request) if plane.needs_token else "", model)
+                return JSONResponse(answer(model, request.path_params.get("version")))
             except InferenceError as exc:
                 return error_response(exc)
 
@@ -195,27 +196,28 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
 
     async def statistics(request: Request) -> Response:
         try:
-            await plane.authorise(bearer(request) if plane.needs_token else "")
             model = request.path_params.get("model")
-            return JSONResponse(plane.statistics(model, request.path_params.get("version")))
+            grant = await plane.authorise(bearer(request) if plane.needs_token else "", model)
+            return JSONResponse(plane.statistics(model, request.path_params.get("version"), within=grant))
         except InferenceError as exc:
             return error_response(exc)
 
     async def repository_index(request: Request) -> Response:
         try:
-            await plane.authorise(bearer(request) if plane.needs_token else "")
+            grant = await plane.authorise(bearer(request) if plane.needs_token else "")
             limit = BodyLimit(settings.MAX_REQUEST_BODY_BYTES, "MODELYARD_MAX_REQUEST_BODY_BYTES")
             body = await read_body(request, limit)
             ready = _ready_only(bytes(body))
-            return JSONResponse(plane.repository_index(ready_only=ready))
+            return JSONResponse(plane.repository_index(ready_only=ready, within=grant))
         except InferenceError as exc:
             return error_response(exc)
 
     def repository_control(action: str) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             try:
-                await plane.authorise(bearer(request) if plane.needs_token else "")
-                plane.repository_control(request.path_params["model"], action)
+                model = request.path_params["model"]
+                await plane.authorise(bearer(request) if plane.needs_token else "", model)
+                plane.repository_control(model, action)
             except InferenceError as exc:
                 return error_response(exc)
 

@@ -55,7 +55,7 @@ from inference.runtime import InferenceRuntime
 from inference.sessions import GPU_PROVIDERS
 from inference.text import TEXT_INPUT
 from inference.throttle import Throttle, retry_after
-from registry.serving import InferenceAccess
+from registry.serving import REFUSED_GRANT, InferenceAccess, TokenGrant
 
 PLATFORM = "onnxruntime_onnx"
 # Only what is served: the repository extension's index answers, its load and unload refuse (models
@@ -69,7 +69,10 @@ EXTENSIONS = [
     "statistics",
 ]
 NEEDS_TOKEN = "a bearer token with the inference role is required"
-NEEDS_ROLE = "inference needs the inference or admin role, and this token's user has neither"
+NEEDS_ROLE = (
+    "inference needs the inference or admin role, and this token carries neither (a token carries the roles it "
+    "names that its user holds): create one with `modelyard createtoken USER --only-role inference`"
+)
 OUT_OF_MEMORY = "the server has not enough memory for this request now; retry later or send a smaller one"
 RELOADING = "the model is being reloaded; retry"
 # The repository index's states, as Triton names them, for each load state of the fleet report.
@@ -127,12 +130,16 @@ def served_inputs(signature: dict[str, Any]) -> list[dict[str, Any]]:
     return inputs
 
 
-def _judge(access: InferenceAccess) -> None:
-    """:class:`Unauthorised` for a refused token, :class:`Forbidden` for one without the inference role."""
+def _judge(grant: TokenGrant, model: str | None = None) -> None:
+    """:class:`Unauthorised` for a refused token; :class:`Forbidden` for a valid one without the inference
+    role, or limited to models other than ``model``."""
+    access = grant.on(model)
     if access is InferenceAccess.REFUSED:
         raise Unauthorised(NEEDS_TOKEN)
     if access is InferenceAccess.NO_ROLE:
         raise Forbidden(NEEDS_ROLE)
+    if access is InferenceAccess.NO_MODEL and model is not None:
+        raise Forbidden(grant.refusal(model))
 
 
 def routing_draw(key: str) -> float:
@@ -163,14 +170,18 @@ class DataPlane:
 
     # --- refusals before a request body is read ----------------------------------------------------
 
-    async def token_access(self, token: str) -> InferenceAccess:
-        """What a bearer token may do here; cached, see ``inference.auth``."""
+    async def token_grant(self, token: str) -> TokenGrant:
+        """What a bearer token may do here, on which models; cached, see ``inference.auth``."""
         if not token:
-            return InferenceAccess.REFUSED
-        verdict = self.tokens.cached(token)
-        if verdict is None:
-            verdict = await anyio.to_thread.run_sync(self.tokens.check, token)
-        return verdict
+            return REFUSED_GRANT
+        grant = self.tokens.cached_grant(token)
+        if grant is None:
+            grant = await anyio.to_thread.run_sync(self.tokens.check_grant, token)
+        return grant
+
+    async def token_access(self, token: str, model: str | None = None) -> InferenceAccess:
+        """What a bearer token may do here (on ``model``, when named); cached, see ``inference.auth``."""
+        return (await self.token_grant(token)).on(model)
 
     async def token_allowed(self, token: str) -> bool:
         """Whether a bearer token has the inference role (admins have every role)."""
@@ -181,11 +192,15 @@ class DataPlane:
         """False when /v2 is public (``MODELYARD_INFERENCE_PUBLIC``): then a transport need not read the token."""
         return not settings.INFERENCE_PUBLIC
 
-    async def authorise(self, token: str) -> None:
-        """Unless /v2 is public: :class:`Unauthorised` without a valid token, :class:`Forbidden` without the role."""
+    async def authorise(self, token: str, model: str | None = None) -> TokenGrant | None:
+        """Unless /v2 is public: :class:`Unauthorised` without a valid token, :class:`Forbidden` without the role
+        or for a ``model`` outside the token's patterns. Returns the token's grant (None when /v2 is public),
+        which a list of models (the repository index, statistics) filters by."""
         if settings.INFERENCE_PUBLIC:
-            return
-        _judge(await self.token_access(token))
+            return None
+        grant = await self.token_grant(token)
+        _judge(grant, model)
+        return grant
 
     async def admit(
         self,
@@ -214,10 +229,10 @@ class DataPlane:
             else:
                 raw = token(call)
                 # The verdict of a token seen in the last seconds is in memory: no thread, no await.
-                access = self.tokens.cached(raw) if raw else InferenceAccess.REFUSED
-                if access is None:
-                    access = await anyio.to_thread.run_sync(self.tokens.check, raw)
-                _judge(access)
+                grant = self.tokens.cached_grant(raw) if raw else REFUSED_GRANT
+                if grant is None:
+                    grant = await anyio.to_thread.run_sync(self.tokens.check_grant, raw)
+                _judge(grant, model)
             if settings.V2_RATE is not None:  # the address costs a parse; only a rate limit needs it
                 self.throttle(token=raw, address=address(call))
             draw = None
@@ -349,10 +364,15 @@ class DataPlane:
             }
         return config
 
-    def statistics(self, model: str | None = None, ref: str | None = None) -> dict[str, Any]:
-        """Triton's statistics: every loaded version, every version of ``model``, or the one ``model``/``ref`` names."""
+    def statistics(
+        self, model: str | None = None, ref: str | None = None, *, within: TokenGrant | None = None
+    ) -> dict[str, Any]:
+        """Triton's statistics: every loaded version, every version of ``model``, or the one ``model``/``ref`` names.
+
+        ``within``: the caller's token grant; all versions are only those of the models it covers.
+        """
         if model is None:
-            chosen = list(self.runtime.loaded.values())
+            chosen = [v for v in self.runtime.loaded.values() if within is None or within.covers(v.spec.model)]
         elif ref is not None:
             chosen = [self.resolve(model, ref)]
         else:
@@ -362,10 +382,15 @@ class DataPlane:
         chosen.sort(key=lambda v: (v.spec.model, v.spec.version))
         return {"model_stats": [v.stats.as_json(v.spec.model, v.version_label) for v in chosen]}
 
-    def repository_index(self, *, ready_only: bool = False) -> list[dict[str, str]]:
-        """Every version this process serves, loads or failed to load, with Triton's state names."""
+    def repository_index(self, *, ready_only: bool = False, within: TokenGrant | None = None) -> list[dict[str, str]]:
+        """Every version this process serves, loads or failed to load, with Triton's state names.
+
+        ``within``: the caller's token grant; a token limited to some models sees only those.
+        """
         index = []
         for row in self.runtime.snapshot():
+            if within is not None and not within.covers(row.model):
+                continue
             state = REPOSITORY_STATES.get(row.state.value, "UNAVAILABLE")
             if ready_only and state != "READY":
                 continue

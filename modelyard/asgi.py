@@ -41,6 +41,7 @@ if settings.ROLE in ("all", "inference"):
     data_plane = build_app(runtime, plane=plane)  # its /metrics has the data plane's metrics and the GPU readings
     if settings.GRPC_PORT:
         from inference.grpc.server import GrpcServer
+        from modelyard import tls
 
         grpc_server = GrpcServer(
             plane,
@@ -48,6 +49,13 @@ if settings.ROLE in ("all", "inference"):
             port=settings.GRPC_PORT,
             reuse_port=settings.GRPC_REUSE_PORT,
             max_message_bytes=settings.GRPC_MAX_MESSAGE_BYTES,
+            # The files `modelyard serve` checked before it started this process (HTTPS is uvicorn's).
+            tls=tls.server_tls(
+                settings.SSL_CERTFILE or None,
+                settings.SSL_KEYFILE or None,
+                settings.SSL_CA_CERTS or None,
+                names=(tls.CERTFILE[1], tls.KEYFILE[1], tls.CA_CERTS[1]),
+            ),
         )
 web_metrics: Any = None
 if settings.ROLE in ("all", "web"):

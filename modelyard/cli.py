@@ -1,7 +1,7 @@
 """The ``modelyard`` command line.
 
-Operator commands (serve, worker, beat, createtoken, revoketoken, demo, manage) run the server's
-code here; the user commands (login, push, promote, pull, infer, audit, ...) are in
+Operator commands (serve, worker, beat, createtoken, revoketoken, rotatetoken, createserviceaccount,
+demo, manage) run the server's code here; the user commands (login, push, promote, pull, infer, audit, ...) are in
 ``modelyard.client.commands`` and talk to a server over HTTP, so they never load Django.
 """
 
@@ -44,7 +44,36 @@ def _migrate() -> None:
         call_command("migrate", interactive=False, verbosity=0)
 
 
+def _serve_tls(args: argparse.Namespace) -> Any:
+    """serve's TLS files (options, else MODELYARD_SSL_*), checked, and handed on to its worker processes."""
+    from modelyard import tls
+
+    values, names = [], []
+    for attribute, (option, variable) in (
+        ("ssl_certfile", tls.CERTFILE),
+        ("ssl_keyfile", tls.KEYFILE),
+        ("ssl_ca_certs", tls.CA_CERTS),
+    ):
+        given, inherited = getattr(args, attribute), os.environ.get(variable)
+        values.append(given or inherited or None)
+        names.append(variable if inherited and not given else option)
+    server = tls.server_tls(*values, names=(names[0], names[1], names[2]))
+    for (_, variable), value in zip((tls.CERTFILE, tls.KEYFILE, tls.CA_CERTS), values, strict=True):
+        if value:
+            os.environ[variable] = os.path.abspath(value)  # the worker processes read them too (gRPC)
+        else:
+            os.environ.pop(variable, None)
+    return server
+
+
 def serve(args: argparse.Namespace) -> int:
+    from modelyard.tls import TLSConfigError
+
+    try:
+        args.tls = _serve_tls(args)
+    except TLSConfigError as exc:
+        print(f"modelyard serve: {exc}", file=sys.stderr)
+        return 2
     os.environ["MODELYARD_ROLE"] = args.role
     # gRPC listens where HTTP does. Several worker processes share its port through SO_REUSEPORT (each
     # serves it, the kernel spreads connections); one process alone binds it exclusively, so a port
@@ -107,8 +136,22 @@ def _serve(args: argparse.Namespace) -> int:
         from modelyard.embedded import EmbeddedScheduler
 
         EmbeddedScheduler().start()
-    grpc = f", gRPC on {args.host}:{settings.GRPC_PORT}" if settings.GRPC_PORT and args.role != "web" else ""
-    print(f"Modelyard ({args.role}) on http://{args.host}:{args.port}/{grpc}  (API docs: /api/docs/)", flush=True)
+    tls = args.tls
+    over_tls = " over TLS" if tls else ""
+    grpc = f", gRPC{over_tls} on {args.host}:{settings.GRPC_PORT}" if settings.GRPC_PORT and args.role != "web" else ""
+    scheme = "https" if tls else "http"
+    mutual = "  (client certificates required)" if tls and tls.client_certificates_required else ""
+    print(
+        f"Modelyard ({args.role}) on {scheme}://{args.host}:{args.port}/{grpc}  (API docs: /api/docs/){mutual}",
+        flush=True,
+    )
+    ssl_options: dict[str, Any] = {}
+    if tls:
+        import ssl
+
+        ssl_options = {"ssl_certfile": tls.certfile, "ssl_keyfile": tls.keyfile}
+        if tls.ca_certs:
+            ssl_options.update(ssl_ca_certs=tls.ca_certs, ssl_cert_reqs=ssl.CERT_REQUIRED)
     uvicorn.run(
         "modelyard.asgi:application",
         host=args.host,
@@ -123,6 +166,7 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=args.log_level.lower() in ("info", "debug", "trace"),
         log_config=log_config(),
         lifespan="on",
+        **ssl_options,
     )
     return 0
 
@@ -183,6 +227,8 @@ def createtoken(args: argparse.Namespace) -> int:
             roles=args.role,
             name=args.name,
             expires_in=timedelta(days=args.expires_days) if args.expires_days else None,
+            only_roles=args.only_role or None,
+            model_patterns=args.only_model,
         )
     except RegistryError as exc:
         print(f"modelyard createtoken: {exc.message}", file=sys.stderr)
@@ -190,9 +236,83 @@ def createtoken(args: argparse.Namespace) -> int:
     roles = ", ".join(args.role) or "no new roles"
     expiry = f", expires {token.expires_at:%Y-%m-%d %H:%M} UTC" if token.expires_at else ""
     print(
-        f"Created token {token.prefix} for {args.username} ({roles}{expiry}). It is shown only once:", file=sys.stderr
+        f"Created token {token.prefix} for {args.username} ({roles}{expiry}; {_token_scope(token)}). "
+        "It is shown only once:",
+        file=sys.stderr,
     )
     print(raw)  # the last stdout line, so scripts can take it with `tail -1`
+    return 0
+
+
+def _token_scope(token: Any) -> str:
+    roles = "carries roles " + ", ".join(token.roles) if token.roles is not None else "carries all its user's roles"
+    models = "models " + ", ".join(token.model_patterns) if token.model_patterns else "every model"
+    return f"{roles}, on {models}"
+
+
+def rotatetoken(args: argparse.Namespace) -> int:
+    _setup()
+    from django.conf import settings
+
+    if settings.EMBEDDED_DATABASE:
+        _migrate()
+    from datetime import timedelta
+
+    from registry.access import services
+    from registry.audit.chain import SYSTEM
+    from registry.errors import RegistryError
+    from registry.models import ApiToken
+
+    token = ApiToken.objects.select_related("user").filter(prefix=args.prefix).first()
+    if token is None:
+        print(f"modelyard rotatetoken: no API token with prefix '{args.prefix}'", file=sys.stderr)
+        return 1
+    try:
+        new, raw = services.token_rotate(
+            token=token,
+            overlap=timedelta(hours=args.overlap_hours),
+            expires_in=timedelta(days=args.expires_days) if args.expires_days else None,
+            actor=SYSTEM,
+        )
+    except RegistryError as exc:
+        print(f"modelyard rotatetoken: {exc.message}", file=sys.stderr)
+        return 2
+    token.refresh_from_db()
+    assert token.expires_at is not None
+    expiry = f", expires {new.expires_at:%Y-%m-%d %H:%M} UTC" if new.expires_at else ""
+    print(
+        f"Rotated token {token.prefix} of {token.user.get_username()}: it works until "
+        f"{token.expires_at:%Y-%m-%d %H:%M} UTC. New token {new.prefix} ({_token_scope(new)}{expiry}) "
+        "is shown only once:",
+        file=sys.stderr,
+    )
+    print(raw)
+    return 0
+
+
+def createserviceaccount(args: argparse.Namespace) -> int:
+    _setup()
+    from django.conf import settings
+
+    if settings.EMBEDDED_DATABASE:
+        _migrate()
+    from registry.access import services
+    from registry.audit.chain import SYSTEM
+    from registry.errors import RegistryError
+
+    try:
+        account = services.service_account_create(
+            username=args.username, owner=args.owner, roles=args.role, description=args.description, actor=SYSTEM
+        )
+    except RegistryError as exc:
+        print(f"modelyard createserviceaccount: {exc.message}", file=sys.stderr)
+        return 2
+    roles = ", ".join(sorted(set(args.role))) or "no roles"
+    print(
+        f"Created service account {account.user.get_username()} ({roles}), owned by {args.owner}. It cannot sign "
+        f"in; give it a token: modelyard createtoken {account.user.get_username()} --only-role inference "
+        "--expires-days 90"
+    )
     return 0
 
 
@@ -217,6 +337,20 @@ def revoketoken(args: argparse.Namespace) -> int:
     services.token_revoke(token=token, actor=SYSTEM)
     print(f"Revoked token {token.prefix} of {owner}.")
     return 0
+
+
+# The roles (registry.models.Role), listed here so that parsing the command line needs no Django.
+ROLES = ["viewer", "maintainer", "approver", "auditor", "inference", "admin"]
+
+
+def _hours(text: str) -> int:
+    try:
+        hours = int(text)
+    except ValueError:
+        hours = -1
+    if not 0 <= hours <= 24 * 90:
+        raise argparse.ArgumentTypeError(f"expected a whole number of hours from 0 to {24 * 90}, got {text!r}")
+    return hours
 
 
 def _positive_days(text: str) -> int:
@@ -405,6 +539,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--migrate", action="store_true", help="apply migrations first (always in embedded mode)")
     p.add_argument("--log-level", default="info")
+    p.add_argument(
+        "--ssl-certfile",
+        default=None,
+        metavar="CERT.pem",
+        help="serve HTTPS and gRPC over TLS with this certificate (chain) (default $MODELYARD_SSL_CERTFILE)",
+    )
+    p.add_argument(
+        "--ssl-keyfile", default=None, metavar="KEY.pem", help="its private key (default $MODELYARD_SSL_KEYFILE)"
+    )
+    p.add_argument(
+        "--ssl-ca-certs",
+        default=None,
+        metavar="CA.pem",
+        help="require client certificates signed by these CAs from every caller (default $MODELYARD_SSL_CA_CERTS)",
+    )
     p.set_defaults(func=serve)
 
     p = sub.add_parser("worker", help="run a Celery worker (extra arguments go to Celery)")
@@ -423,7 +572,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", action="append", default=[], help="grant a role (repeatable)")
     p.add_argument("--name", default="", help="a label for the token")
     p.add_argument("--expires-days", type=_positive_days, default=None, help="the token stops working after N days")
+    p.add_argument(
+        "--only-role",
+        action="append",
+        default=[],
+        choices=ROLES,
+        help="the token carries only this of its user's roles (repeatable; default: all of them)",
+    )
+    p.add_argument(
+        "--only-model",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="the token reaches only models matching this fnmatch pattern, e.g. 'fraud-*' (repeatable)",
+    )
     p.set_defaults(func=createtoken)
+
+    p = sub.add_parser(
+        "rotatetoken", help="replace an API token by a new one with the same roles and models; prints it last"
+    )
+    p.add_argument("prefix")
+    p.add_argument(
+        "--overlap-hours",
+        type=_hours,
+        default=24,
+        help="the old token keeps working this many hours, so its users can switch (default 24; 0: stops now)",
+    )
+    p.add_argument(
+        "--expires-days", type=_positive_days, default=None, help="the new token's lifetime (default: the old one's)"
+    )
+    p.set_defaults(func=rotatetoken)
+
+    p = sub.add_parser(
+        "createserviceaccount", help="create a user for a pipeline: it cannot sign in, only use API tokens"
+    )
+    p.add_argument("username")
+    p.add_argument("--owner", required=True, help="the admin who answers for it")
+    p.add_argument("--role", action="append", default=[], choices=ROLES, help="grant a role (repeatable)")
+    p.add_argument("--description", default="", help="what it is for")
+    p.set_defaults(func=createserviceaccount)
 
     p = sub.add_parser("revoketoken", help="revoke an API token by its prefix (the part after my_)")
     p.add_argument("prefix")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -233,8 +234,8 @@ def storage_from_url(name: str, url: str) -> StorageConfig:
     raise ImproperlyConfigured(f"{name}: expected file:///path or s3://bucket/prefix, got {url!r}")
 
 
-def load_or_create_secret(path: Path) -> str:
-    """Read the embedded secret key, generating it once with owner-only permissions."""
+def load_or_create_secret(path: Path, generate: Callable[[], str] | None = None) -> str:
+    """Read the embedded secret key, generating it once (``generate``) with owner-only permissions."""
     from django.core.management.utils import get_random_secret_key
 
     try:
@@ -242,7 +243,7 @@ def load_or_create_secret(path: Path) -> str:
     except FileNotFoundError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
-    secret = get_random_secret_key()
+    secret = (generate or get_random_secret_key)()
     # Written whole under a private name, then linked into place: a process starting at the same
     # moment either finds no file or the complete key, never an empty file it would read as "".
     draft = path.with_name(f".{path.name}.{os.getpid()}")
@@ -285,6 +286,30 @@ def env_signing_key(name: str, default_path: Path) -> tuple[bytes, str]:
     except ProvenanceError as exc:
         raise ImproperlyConfigured(f"{name}: {exc}") from None
     return pem, source
+
+
+def env_encryption_keys(name: str, default_path: Path) -> tuple[list[str], str]:
+    """Fernet keys for secrets stored encrypted (modelyard/crypto.py), and where they came from.
+
+    ``name`` holds comma-separated keys, the first encrypting; unset, one key is read from ``default_path``
+    (the data folder's), generated there on first start.
+    """
+    from modelyard.crypto import generate_key, parse_keys
+
+    value = env_str(name)
+    if value is not None and "REPLACE-ME" in value:  # deploy/k8s/base/secret.example.yaml applied as it is
+        raise ImproperlyConfigured(
+            f"{name}: still the example Secret's placeholder; put a Fernet key there "
+            "(python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())')"
+        )
+    if value is None:
+        text, source = load_or_create_secret(default_path, generate_key), str(default_path)
+    else:
+        text, source = value, name
+    try:
+        return parse_keys(text), source
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{source}: {exc}") from None
 
 
 def env_pem_files(name: str) -> list[Path]:

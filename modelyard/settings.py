@@ -7,6 +7,7 @@ through ``MODELYARD_*`` variables; the README lists them all.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from modelyard.env import (
     database_from_url,
     env_bool,
     env_choice,
+    env_encryption_keys,
     env_enum,
     env_float,
     env_int,
@@ -48,6 +50,9 @@ if "REPLACE-ME" in SECRET_KEY:  # deploy/k8s/base/secret.example.yaml applied as
 SIGNING_KEY, SIGNING_KEY_SOURCE = env_signing_key("MODELYARD_SIGNING_KEY", DATA_DIR / "signing-key.pem")
 VERIFY_KEYS = env_pem_files("MODELYARD_VERIFY_KEYS")
 TRUSTED_SIGNERS = env_signers("MODELYARD_TRUSTED_SIGNERS")
+# Secrets the registry reads back (webhook secrets) are stored encrypted (modelyard/crypto.py): Fernet keys,
+# comma-separated, the first encrypting and all decrypting; generated into the data folder when unset.
+ENCRYPTION_KEYS, ENCRYPTION_KEYS_SOURCE = env_encryption_keys("MODELYARD_ENCRYPTION_KEYS", DATA_DIR / "encryption-key")
 
 DEBUG = env_bool("MODELYARD_DEBUG", False)
 ALLOWED_HOSTS = env_list("MODELYARD_ALLOWED_HOSTS", ["*"])
@@ -164,6 +169,20 @@ LOGOUT_REDIRECT_URL = "/accounts/login/"
 LOGIN_MAX_FAILURES = env_int("MODELYARD_LOGIN_MAX_FAILURES", 5, minimum=1)
 LOGIN_MAX_FAILURES_PER_IP = env_int("MODELYARD_LOGIN_MAX_FAILURES_PER_IP", 20, minimum=1)
 LOGIN_LOCKOUT_SECONDS = env_int("MODELYARD_LOGIN_LOCKOUT_SECONDS", 900, minimum=1)
+# Sign-in with an OpenID Connect provider (MODELYARD_OIDC_*, modelyard/oidc_config.py, docs/operations/oidc.md);
+# None when off. PASSWORD_LOGIN false hides and refuses the password form (the Django admin's login too).
+from modelyard.oidc_config import env_oidc  # noqa: E402
+
+OIDC = env_oidc()
+PASSWORD_LOGIN = env_bool("MODELYARD_PASSWORD_LOGIN", True)
+if not PASSWORD_LOGIN and OIDC is None:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        "MODELYARD_PASSWORD_LOGIN=false with no OpenID Connect provider: nobody could sign in; "
+        "set MODELYARD_OIDC_ISSUER, MODELYARD_OIDC_CLIENT_ID and MODELYARD_OIDC_CLIENT_SECRET"
+    )
+AUTHENTICATION_BACKENDS = ["registry.access.oidc.PasswordLoginBackend"]
 
 # --- Artifacts -------------------------------------------------------------------------------
 _storage_url = env_str("MODELYARD_STORAGE_URL")
@@ -185,6 +204,17 @@ S3_MAX_ATTEMPTS = env_int("MODELYARD_S3_MAX_ATTEMPTS", 3, minimum=1)
 S3_CONNECT_TIMEOUT = env_float("MODELYARD_S3_CONNECT_TIMEOUT", 5.0, minimum=0.1)
 S3_MULTIPART_CHUNK_MB = env_int("MODELYARD_S3_MULTIPART_CHUNK_MB", 8, minimum=5)
 S3_MAX_CONCURRENCY = env_int("MODELYARD_S3_MAX_CONCURRENCY", 4, minimum=1)
+# Server-side encryption asked for on every object written (storage/s3.py): AES256 (SSE-S3) or aws:kms
+# (SSE-KMS, with S3_SSE_KMS_KEY_ID or else the account's default KMS key); unset, the bucket's default.
+S3_SSE = env_enum("MODELYARD_S3_SSE", "", ("AES256", "aws:kms")) or None
+S3_SSE_KMS_KEY_ID = env_str("MODELYARD_S3_SSE_KMS_KEY_ID") or None
+if S3_SSE_KMS_KEY_ID and S3_SSE != "aws:kms":
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        "MODELYARD_S3_SSE_KMS_KEY_ID: only used with MODELYARD_S3_SSE=aws:kms, "
+        f"and MODELYARD_S3_SSE is {S3_SSE or 'unset'}"
+    )
 
 MAX_UPLOAD_BYTES = env_int("MODELYARD_MAX_UPLOAD_BYTES", 8 * 1024**3, minimum=1)
 # Every other request body (JSON, forms) is refused as soon as it passes this size, chunked or not,
@@ -333,7 +363,11 @@ REST_FRAMEWORK = {
         "registry.access.auth.AddressCount",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["registry.access.permissions.ReadAuthenticatedWriteMaintainer"],
-    "DEFAULT_THROTTLE_CLASSES": ["registry.access.throttling.TokenRateThrottle"],
+    # First: refuses (403) a model outside its API token's patterns (a check, not a rate; see its docstring).
+    "DEFAULT_THROTTLE_CLASSES": [
+        "registry.access.scopes.TokenModelScope",
+        "registry.access.throttling.TokenRateThrottle",
+    ],
     "DEFAULT_PARSER_CLASSES": [
         "registry.api.parsers.JSONParser",
         "rest_framework.parsers.FormParser",
@@ -435,6 +469,12 @@ TEXT_MAX_TEXTS = env_int("MODELYARD_TEXT_MAX_TEXTS", 1024, minimum=1)
 GRPC_MAX_MESSAGE_BYTES = env_int("MODELYARD_GRPC_MAX_MESSAGE_BYTES", V2_MAX_BODY_BYTES, minimum=1024)
 # Requests of one ModelStreamInfer stream in flight at once; the client's further requests wait (flow control).
 GRPC_STREAM_CONCURRENCY = env_int("MODELYARD_GRPC_STREAM_CONCURRENCY", 64, minimum=1)
+# TLS of `modelyard serve`, HTTP and gRPC alike (PEM files; `serve --ssl-certfile/--ssl-keyfile/--ssl-ca-certs`
+# set them, and serve checks them before it starts: modelyard/tls.py). With SSL_CA_CERTS every caller needs a
+# client certificate signed by one of those CAs. Paths, read as serve reads them (no NAME_FILE variant).
+SSL_CERTFILE = os.environ.get("MODELYARD_SSL_CERTFILE", "")
+SSL_KEYFILE = os.environ.get("MODELYARD_SSL_KEYFILE", "")
+SSL_CA_CERTS = os.environ.get("MODELYARD_SSL_CA_CERTS", "")
 RECONCILE_POLL_SECONDS = env_float("MODELYARD_RECONCILE_POLL_SECONDS", 5.0, minimum=0.05)
 FLEET_HEARTBEAT_SECONDS = env_float("MODELYARD_FLEET_HEARTBEAT_SECONDS", 5.0, minimum=0.05)
 # An inference process that went offline without a clean stop is named as lagging by ?wait= until

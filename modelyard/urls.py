@@ -1,10 +1,12 @@
+from django.conf import settings
 from django.contrib import admin
-from django.contrib.auth.views import LoginView, LogoutView
+from django.contrib.auth.views import LogoutView
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from registry.access.lockout import LockoutAdminAuthenticationForm, LockoutAuthenticationForm
 from registry.ui.account_views import PasswordChange, PasswordSet
+from registry.ui.oidc_views import SignInView, oidc_callback, oidc_login
 from registry.ui.views import home
 
 # Both password logins refuse locked-out usernames and addresses (registry.access.lockout).
@@ -18,7 +20,9 @@ handler500 = "registry.ui.errors.server_error"
 # Only the account pages the UI uses. Django's emailed password reset is left out: Modelyard sends no mail,
 # and an admin hands over a set-password link instead (/ui/users).
 accounts = [
-    path("login/", LoginView.as_view(authentication_form=LockoutAuthenticationForm), name="login"),
+    path("login/", SignInView.as_view(authentication_form=LockoutAuthenticationForm), name="login"),
+    path("oidc/login/", oidc_login, name="oidc_login"),
+    path("oidc/callback/", oidc_callback, name="oidc_callback"),
     path("logout/", LogoutView.as_view(), name="logout"),
     path("password_change/", PasswordChange.as_view(), name="password_change"),
     path("reset/<uidb64>/<token>/", PasswordSet.as_view(), name="password_reset_confirm"),
@@ -33,3 +37,7 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("admin/", admin.site.urls),
 ]
+# With password sign-in turned off (MODELYARD_PASSWORD_LOGIN=false) the admin's login is the login page, which
+# offers the provider and refuses the password form.
+if not settings.PASSWORD_LOGIN:
+    urlpatterns.insert(0, path("admin/login/", SignInView.as_view(authentication_form=LockoutAuthenticationForm)))

@@ -13,6 +13,7 @@ from django.core.validators import RegexValidator
 from django.db import models
 
 from modelyard.auditfile import event_hash
+from modelyard.crypto import EncryptedTextField
 from onnxkit.signatures import batch_dimension_problem
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,63}$"
@@ -337,6 +338,13 @@ class ApiToken(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Least privilege: the roles this token carries (null: all of its user's roles; either way never
+    # more than the user holds at the time of each request), and the models it reaches, as fnmatch
+    # patterns on their names (empty: every model). See registry/access/scopes.py.
+    roles = models.JSONField(null=True, blank=True, default=None)
+    model_patterns = models.JSONField(default=list, blank=True)
+    # The token this one replaced by rotation (which then expires after an overlap), if any.
+    rotated_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
     def __str__(self) -> str:
         return f"token {self.prefix} of {self.user}"
@@ -344,6 +352,22 @@ class ApiToken(models.Model):
     @staticmethod
     def hash_key(key: str) -> str:
         return hashlib.sha256(key.encode()).hexdigest()
+
+
+class ServiceAccount(models.Model):
+    """A user that is a pipeline, not a person: it cannot sign in, works only through API tokens, and has an owner."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="service_account")
+    # The admin who answers for it; kept (as null) if that admin is deleted, so the account is not lost.
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    description = models.CharField(max_length=200, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["user__username"]
+
+    def __str__(self) -> str:
+        return f"service account {self.user}"
 
 
 class AuditEvent(models.Model):
@@ -807,8 +831,9 @@ class Webhook(models.Model):
     """An endpoint an admin registered: where to POST which events (of one model, or of all), signed with its secret."""
 
     url = models.CharField(max_length=2000)
-    # Kept as it is: each delivery is signed with it (HMAC). The API never shows it after creation.
-    secret = models.CharField(max_length=200)
+    # Each delivery is signed with it (HMAC), so it is kept encrypted, not hashed (modelyard/crypto.py: the
+    # column holds a Fernet token, the attribute the plain text). The API never shows it after creation.
+    secret = EncryptedTextField()
     events = models.JSONField(default=list)
     # Only this model's events; null for every model's.
     model = models.ForeignKey(RegisteredModel, null=True, blank=True, on_delete=models.CASCADE, related_name="+")
@@ -919,3 +944,23 @@ class VersionBenchmark(models.Model):
 
     def __str__(self) -> str:
         return f"benchmark of {self.version_id} on {self.provider} ({self.status})"
+
+
+class OidcIdentity(models.Model):
+    """The account an OpenID Connect provider's subject signs in as: matched on (issuer, subject), never on a name.
+
+    Made at the first sign-in with the user it creates (registry/access/oidc.py); the username it
+    got then never moves it to another account, whatever the provider later says it is called.
+    """
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="oidc_identities")
+    issuer = models.CharField(max_length=500)
+    subject = models.CharField(max_length=255)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_login_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["issuer", "subject"], name="unique_oidc_subject")]
+
+    def __str__(self) -> str:
+        return f"{self.subject} at {self.issuer}"

@@ -40,7 +40,8 @@ from django.utils import timezone
 
 from registry import notify
 from registry.access import clients
-from registry.access.auth import authenticate_token, bearer_token, has_role, split_token
+from registry.access.auth import authenticate_token, bearer_token, split_token, token_roles
+from registry.access.scopes import model_in_scope, out_of_scope_message
 from registry.audit.chain import SYSTEM, audit_version
 from registry.benchmarks.services import SHARED_NOTE, BenchmarkJob, benchmark_claim, benchmark_measure, benchmark_record
 from registry.models import (
@@ -63,6 +64,7 @@ from registry.provenance.services import ServedSignature, served_signatures
 
 __all__ = [
     "PRODUCTION",
+    "REFUSED_GRANT",
     "SHARED_NOTE",
     "TRAFFIC_BUCKETS",
     "TRAFFIC_BUCKET_SECONDS",
@@ -79,6 +81,7 @@ __all__ = [
     "ShadowSpec",
     "ShadowTallyRow",
     "SplitSpec",
+    "TokenGrant",
     "TrafficBucket",
     "TrafficTotals",
     "VersionSpec",
@@ -96,6 +99,7 @@ __all__ = [
     "fleet_wait",
     "is_online",
     "offline_after",
+    "token_grant",
     "token_inference_access",
     "token_may_infer",
     "token_shaped",
@@ -735,24 +739,64 @@ def token_shaped(raw: str) -> bool:
 class InferenceAccess(enum.Enum):
     """What a bearer token may do on ``/v2``: the one verdict both the 401 and the 403 come from."""
 
-    ALLOWED = "allowed"  # a live token whose user has the inference role (admins have every role)
-    NO_ROLE = "no-role"  # a live token whose user lacks the role: known, but refused (403)
+    ALLOWED = "allowed"  # a live token carrying the inference role (admins have every role)
+    NO_ROLE = "no-role"  # a live token without the role (its own roles, within its user's): known, but refused (403)
+    NO_MODEL = "no-model"  # a live token with the role, limited to other models (403)
     REFUSED = "refused"  # no such token, revoked, expired, or its user inactive (401)
 
 
-def token_inference_access(raw: str) -> InferenceAccess:
+@dataclass(frozen=True)
+class TokenGrant:
+    """What a bearer token may do on ``/v2``, decided once from the database and then per model, in memory.
+
+    ``model_patterns`` are the token's fnmatch patterns on model names (none: every model); see
+    ``registry.access.scopes``. The ``/v2`` token cache (``inference.auth``) keeps these.
+    """
+
+    access: InferenceAccess
+    model_patterns: tuple[str, ...] = ()
+
+    def on(self, model: str | None) -> InferenceAccess:
+        """The verdict for a request about ``model``; None for one about no model (the server, the index)."""
+        allowed = self.access is InferenceAccess.ALLOWED
+        if allowed and model is not None and not model_in_scope(model, self.model_patterns):
+            return InferenceAccess.NO_MODEL
+        return self.access
+
+    def covers(self, model: str) -> bool:
+        """Whether a list shown to this token (the repository index, statistics) may include ``model``."""
+        return model_in_scope(model, self.model_patterns)
+
+    def refusal(self, model: str) -> str:
+        """The message of a :attr:`InferenceAccess.NO_MODEL` refusal."""
+        return out_of_scope_message(model, self.model_patterns)
+
+
+REFUSED_GRANT = TokenGrant(InferenceAccess.REFUSED)
+
+
+def token_grant(raw: str) -> TokenGrant:
     """What this bearer token may do on ``/v2``. Blocking: it queries the database."""
     token = authenticate_token(raw)
     if token is None:
-        return InferenceAccess.REFUSED
-    return InferenceAccess.ALLOWED if has_role(token.user, Role.INFERENCE) else InferenceAccess.NO_ROLE
+        return REFUSED_GRANT
+    roles = token_roles(token)
+    allowed = Role.INFERENCE in roles or Role.ADMIN in roles
+    return TokenGrant(
+        InferenceAccess.ALLOWED if allowed else InferenceAccess.NO_ROLE, tuple(token.model_patterns or ())
+    )
+
+
+def token_inference_access(raw: str, model: str | None = None) -> InferenceAccess:
+    """What this bearer token may do on ``/v2`` (for ``model``, when named). Blocking: it queries the database."""
+    return token_grant(raw).on(model)
 
 
 def token_may_infer(raw: str) -> bool:
     """May this bearer token call ``/v2``? Blocking: it queries the database.
 
-    Yes for a live token (not revoked, not expired, its user active) with the inference role;
-    admins have every role.
+    Yes for a live token (not revoked, not expired, its user active) carrying the inference role;
+    admins have every role. Its model patterns are checked per request (:class:`TokenGrant`).
     """
     return token_inference_access(raw) is InferenceAccess.ALLOWED
 

@@ -48,4 +48,6 @@ def get_storage() -> ArtifactStorage:
         connect_timeout=settings.S3_CONNECT_TIMEOUT,
         multipart_chunk_bytes=settings.S3_MULTIPART_CHUNK_MB * 1024 * 1024,
         max_concurrency=settings.S3_MAX_CONCURRENCY,
+        sse=settings.S3_SSE,
+        sse_kms_key_id=settings.S3_SSE_KMS_KEY_ID,
     )

@@ -2,6 +2,11 @@
 
 OSS speaks S3 through its S3-compatible endpoint and wants virtual-host addressing
 (``MODELYARD_S3_ADDRESSING_STYLE=virtual``). Credentials come from boto3's usual chain.
+
+Every object is written by :meth:`S3Storage.write` alone (``upload_fileobj``: one PutObject, or
+CreateMultipartUpload and its parts), so the server-side encryption asked for there
+(``MODELYARD_S3_SSE``, ``MODELYARD_S3_SSE_KMS_KEY_ID``) covers every artifact, signature bundle and
+derived file. The registry copies no object and hands out no presigned upload URL.
 """
 
 from __future__ import annotations
@@ -41,8 +46,20 @@ class S3Storage:
         connect_timeout: float = 5.0,
         multipart_chunk_bytes: int = 8 * 1024 * 1024,
         max_concurrency: int = 4,
+        sse: str | None = None,
+        sse_kms_key_id: str | None = None,
     ) -> None:
+        if sse not in {None, "AES256", "aws:kms"}:
+            raise ValueError(f"server-side encryption must be AES256 or aws:kms, got {sse!r}")
+        if sse_kms_key_id and sse != "aws:kms":
+            raise ValueError("a KMS key id is only used with server-side encryption aws:kms")
         self.bucket = bucket
+        # Sent with every write: on a single PutObject and on CreateMultipartUpload (the parts inherit it).
+        self.extra_args: dict[str, str] = {}
+        if sse:
+            self.extra_args["ServerSideEncryption"] = sse
+        if sse_kms_key_id:
+            self.extra_args["SSEKMSKeyId"] = sse_kms_key_id
         self.prefix = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
         config = Config(
             region_name=region,
@@ -77,7 +94,13 @@ class S3Storage:
         reader = HashingReader(stream)
         try:
             # A reader without seek() makes boto3 read the stream once, in order, part by part.
-            self.client.upload_fileobj(cast(Any, reader), self.bucket, self._full(key), Config=self.transfer_config)
+            self.client.upload_fileobj(
+                cast(Any, reader),
+                self.bucket,
+                self._full(key),
+                ExtraArgs=cast(Any, self.extra_args),
+                Config=self.transfer_config,
+            )
         except (BotoCoreError, ClientError) as exc:
             raise _unavailable(exc) from exc
         return WriteResult(key=key, sha256=reader.sha256, size=reader.size)

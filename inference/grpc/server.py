@@ -55,6 +55,7 @@ from inference.errors import (
 from inference.grpc import grpc_service_pb2 as pb
 from inference.grpc import grpc_service_pb2_grpc as pb_grpc
 from inference.grpc.codec import Malformed, decode_infer_request, encode_infer_response, message_from_json, parser
+from modelyard.tls import ServerTLS
 from registry import serving
 
 __all__ = ["STATUS", "GrpcServer", "GrpcUnavailable", "InferenceServicer", "add_to_server", "status_for"]
@@ -160,8 +161,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         await context.abort(code, exc.message)  # raises grpc.aio.AbortError, which ends the call
         raise AssertionError("context.abort() returned")
 
-    async def _authorise(self, context: grpc.aio.ServicerContext) -> None:
-        await self.plane.authorise(_bearer(context) if self.plane.needs_token else "")
+    async def _authorise(
+        self, context: grpc.aio.ServicerContext, model: str | None = None
+    ) -> serving.TokenGrant | None:
+        """The token's verdict (on ``model``, when named): PERMISSION_DENIED for a valid token without the
+        role or the model, UNAUTHENTICATED only without a valid one."""
+        return await self.plane.authorise(_bearer(context) if self.plane.needs_token else "", model)
 
     # --- server --------------------------------------------------------------------------------
 
@@ -181,7 +186,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
         try:
-            await self._authorise(context)
+            await self._authorise(context, request.name)
             self.plane.model_ready(request.name, request.version or None)
         except (ModelNotFound, ModelNotReady):
             return pb.ModelReadyResponse(ready=False)
@@ -191,7 +196,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
         try:
-            await self._authorise(context)
+            await self._authorise(context, request.name)
             metadata = self.plane.model_metadata(request.name, request.version or None)
         except InferenceError as exc:
             await self._refuse(context, exc)
@@ -210,7 +215,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
         try:
-            await self._authorise(context)
+            await self._authorise(context, request.name)
             config = self.plane.model_config(request.name, request.version or None)
         except InferenceError as exc:
             await self._refuse(context, exc)
@@ -313,25 +318,25 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Any) -> pb.ModelStatisticsResponse:
         try:
-            await self._authorise(context)
-            statistics = self.plane.statistics(request.name or None, request.version or None)
+            grant = await self._authorise(context, request.name or None)
+            statistics = self.plane.statistics(request.name or None, request.version or None, within=grant)
         except InferenceError as exc:
             await self._refuse(context, exc)
         return message_from_json(statistics, pb.ModelStatisticsResponse())
 
     async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Any) -> pb.RepositoryIndexResponse:
         try:
-            await self._authorise(context)
+            grant = await self._authorise(context)
         except InferenceError as exc:
             await self._refuse(context, exc)
-        models = self.plane.repository_index(ready_only=request.ready)
+        models = self.plane.repository_index(ready_only=request.ready, within=grant)
         return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**item) for item in models])
 
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: Any
     ) -> pb.RepositoryModelLoadResponse:
         try:
-            await self._authorise(context)
+            await self._authorise(context, request.model_name)
             self.plane.repository_control(request.model_name, "load")
         except InferenceError as exc:
             await self._refuse(context, exc)
@@ -340,7 +345,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.RepositoryModelUnloadRequest, context: Any
     ) -> pb.RepositoryModelUnloadResponse:
         try:
-            await self._authorise(context)
+            await self._authorise(context, request.model_name)
             self.plane.repository_control(request.model_name, "unload")
         except InferenceError as exc:
             await self._refuse(context, exc)
@@ -352,10 +357,21 @@ class GrpcServer:
     ``reuse_port``: bind with SO_REUSEPORT, so that every worker process of one ``modelyard serve
     --workers N`` serves the port and the kernel spreads connections among them. Without it the
     port is this process's alone, and a port already taken stops the start instead of sharing it.
+    ``tls``: serve over TLS with ``modelyard serve``'s certificate, requiring client certificates when it names CAs.
     """
 
-    def __init__(self, plane: DataPlane, *, host: str, port: int, reuse_port: bool, max_message_bytes: int) -> None:
+    def __init__(
+        self,
+        plane: DataPlane,
+        *,
+        host: str,
+        port: int,
+        reuse_port: bool,
+        max_message_bytes: int,
+        tls: ServerTLS | None = None,
+    ) -> None:
         self.plane = plane
+        self.tls = tls
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.reuse_port = reuse_port
         self.max_message_bytes = max_message_bytes
@@ -373,7 +389,15 @@ class GrpcServer:
         )
         add_to_server(InferenceServicer(self.plane), server)
         try:
-            port = server.add_insecure_port(self.address)
+            if self.tls is None:
+                port = server.add_insecure_port(self.address)
+            else:
+                credentials = grpc.ssl_server_credentials(
+                    [(self.tls.private_key, self.tls.certificate_chain)],
+                    root_certificates=self.tls.client_ca,
+                    require_client_auth=self.tls.client_certificates_required,
+                )
+                port = server.add_secure_port(self.address, credentials)
         except RuntimeError:
             port = 0
         if not port:
@@ -383,7 +407,11 @@ class GrpcServer:
             )
         await server.start()
         self._server, self.port = server, port
-        logger.info("gRPC (inference.GRPCInferenceService) on %s", self.address.rsplit(":", 1)[0] + f":{port}")
+        logger.info(
+            "gRPC (inference.GRPCInferenceService)%s on %s",
+            "" if self.tls is None else " over TLS",
+            self.address.rsplit(":", 1)[0] + f":{port}",
+        )
         return port
 
     async def stop(self, grace: float | None = None) -> None:

@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypedDict
 
-from modelyard.client.config import DEFAULT_PROFILE, save_profile
+from modelyard.client.config import DEFAULT_PROFILE, TLS_VARIABLES, save_profile
 from modelyard.client.core import BUNDLE, Client, file_digests, token_from_password
 from modelyard.client.errors import ApiError, BadRequest, ConfigError, ModelyardError, NotFound, ValidationFailed
 from modelyard.client.tensors import NUMPY_OF
@@ -1198,7 +1199,16 @@ def cmd_login(args: argparse.Namespace) -> int:
     token = args.token
     if not token and args.username and args.password_stdin:
         password = sys.stdin.readline().rstrip("\n")
-        token = token_from_password(url, args.username, password, name=args.token_name, expires_days=args.expires_days)
+        token = token_from_password(
+            url,
+            args.username,
+            password,
+            name=args.token_name,
+            expires_days=args.expires_days,
+            roles=args.only_role,
+            models=args.only_model,
+            **_tls(args),
+        )
     elif not token:
         if not sys.stdin.isatty():
             raise ConfigError("no token: pass --token, or --username with --password-stdin")
@@ -1206,10 +1216,21 @@ def cmd_login(args: argparse.Namespace) -> int:
         if not token:
             username = args.username or input("Username: ").strip()
             password = getpass.getpass("Password: ")
-            token = token_from_password(url, username, password, name=args.token_name, expires_days=args.expires_days)
-    me = Client(url=url, token=token).whoami()
+            token = token_from_password(
+                url,
+                username,
+                password,
+                name=args.token_name,
+                expires_days=args.expires_days,
+                roles=args.only_role,
+                models=args.only_model,
+                **_tls(args),
+            )
+    me = Client(url=url, token=token, **_tls(args)).whoami()
     profile = args.profile or DEFAULT_PROFILE
-    path = save_profile(profile, url=url, token=token)
+    # The files this login used (options, else their variables) are saved with the profile, for the next commands.
+    files = {key: getattr(args, key) or os.environ.get(variable) for key, variable in TLS_VARIABLES.items()}
+    path = save_profile(profile, url=url, token=token, tls=files)
     if args.json:
         _print_json({"url": url, "user": me["username"], "roles": me["roles"], "profile": profile, "config": str(path)})
     else:
@@ -1240,9 +1261,37 @@ def _report(args: argparse.Namespace, exc: ModelyardError) -> None:
         _print_json({"error": str(exc), "detail": None, "status": None})
 
 
+class TLSFiles(TypedDict):
+    ca_bundle: str | None
+    client_cert: str | None
+    client_key: str | None
+
+
+def _tls(args: argparse.Namespace) -> TLSFiles:
+    return {"ca_bundle": args.ca_bundle, "client_cert": args.client_cert, "client_key": args.client_key}
+
+
+def _tls_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--ca-bundle",
+        default=None,
+        metavar="CA.pem",
+        help="trust the server's certificate if signed by these CAs (default: $MODELYARD_CA_BUNDLE, else the system's)",
+    )
+    parser.add_argument(
+        "--client-cert",
+        default=None,
+        metavar="CERT.pem",
+        help="a client certificate, for a server that requires one (default: $MODELYARD_CLIENT_CERT)",
+    )
+    parser.add_argument(
+        "--client-key", default=None, metavar="KEY.pem", help="its private key (default: $MODELYARD_CLIENT_KEY)"
+    )
+
+
 def _runner(handler: Handler) -> Callable[[argparse.Namespace], int]:
     def with_client(args: argparse.Namespace) -> int:
-        return handler(args, Client(url=args.url, token=args.token, profile=args.profile))
+        return handler(args, Client(url=args.url, token=args.token, profile=args.profile, **_tls(args)))
 
     reported = _reporting(with_client)
 
@@ -1325,6 +1374,7 @@ def add_commands(sub: Any) -> None:
     common.add_argument("--token", default=None, help="an API token (default: $MODELYARD_TOKEN, else the profile)")
     common.add_argument("--profile", default=None, help="a saved profile (default: $MODELYARD_PROFILE, else default)")
     common.add_argument("--json", action="store_true", help="print JSON for scripts")
+    _tls_options(common)
 
     def command(name: str, handler: Handler, help: str) -> argparse.ArgumentParser:
         parser: argparse.ArgumentParser = sub.add_parser(name, parents=[common], help=help, description=help)
@@ -1339,7 +1389,21 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--profile", default=None, help="the profile to save (default: default)")
     p.add_argument("--token-name", default="modelyard login", help="the label of a token made from a password")
     p.add_argument("--expires-days", type=int, default=None, help="a token made from a password expires after N days")
+    p.add_argument(
+        "--only-role",
+        action="append",
+        default=[],
+        help="a token made from a password carries only this of your roles (repeatable)",
+    )
+    p.add_argument(
+        "--only-model",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="a token made from a password reaches only models matching this pattern, e.g. 'fraud-*' (repeatable)",
+    )
     p.add_argument("--json", action="store_true")
+    _tls_options(p)
     p.set_defaults(func=_login_runner)
 
     p = command("models", cmd_models, "list models")

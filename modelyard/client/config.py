@@ -22,13 +22,21 @@ import json
 import os
 import re
 import tomllib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from modelyard.client.errors import ConfigError
 
 PROFILE_PATTERN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 DEFAULT_PROFILE = "default"
+# What a profile may hold besides url and token: the files for HTTPS (``modelyard login --ca-bundle ...``).
+TLS_KEYS = ("ca_bundle", "client_cert", "client_key")
+TLS_VARIABLES = {
+    "ca_bundle": "MODELYARD_CA_BUNDLE",
+    "client_cert": "MODELYARD_CLIENT_CERT",
+    "client_key": "MODELYARD_CLIENT_KEY",
+}
 
 
 def config_path() -> Path:
@@ -48,19 +56,25 @@ def read_profiles(path: Path | None = None) -> dict[str, dict[str, str]]:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from exc
     return {
-        name: {key: str(value) for key, value in table.items() if key in ("url", "token")}
+        name: {key: str(value) for key, value in table.items() if key in ("url", "token", *TLS_KEYS)}
         for name, table in data.items()
         if isinstance(table, dict)
     }
 
 
-def save_profile(name: str, *, url: str, token: str, path: Path | None = None) -> Path:
-    """Add or replace one profile, keeping the others; the file is replaced whole and is readable by its owner only."""
+def save_profile(
+    name: str, *, url: str, token: str, path: Path | None = None, tls: Mapping[str, str | None] | None = None
+) -> Path:
+    """Add or replace one profile, keeping the others; the file is replaced whole and is readable by its owner only.
+
+    ``tls``: the profile's ``ca_bundle``, ``client_cert`` and ``client_key`` (saved as absolute paths).
+    """
     if not PROFILE_PATTERN.match(name):
         raise ConfigError(f"invalid profile name {name!r}: use letters, digits, '_' or '-'")
     path = path or config_path()
     profiles = read_profiles(path)
-    profiles[name] = {"url": url, "token": token}
+    files = {key: os.path.abspath(value) for key, value in (tls or {}).items() if key in TLS_KEYS and value}
+    profiles[name] = {"url": url, "token": token, **files}
     lines = ["# Written by `modelyard login`. It holds API tokens: keep it private (mode 600)."]
     for profile, values in profiles.items():
         lines.append(f"\n[{profile}]")
@@ -85,10 +99,19 @@ class Target:
     url: str
     token: str | None
     profile: str | None  # the profile that supplied something, if any
+    tls: dict[str, str] = field(default_factory=dict)  # ca_bundle, client_cert, client_key: those set
 
 
-def resolve(url: str | None = None, token: str | None = None, profile: str | None = None) -> Target:
-    """Arguments first; then a profile named explicitly; then the environment; then the default profile."""
+def resolve(
+    url: str | None = None,
+    token: str | None = None,
+    profile: str | None = None,
+    tls: Mapping[str, str | os.PathLike[str] | None] | None = None,
+) -> Target:
+    """Arguments first; then a profile named explicitly; then the environment; then the default profile.
+
+    The same for each of ``tls``'s files (``ca_bundle``, ``client_cert``, ``client_key``) and their variables.
+    """
     named = profile or None
     profiles = read_profiles() if named or not (url and token) else {}
     if named is not None and named not in profiles:
@@ -107,4 +130,12 @@ def resolve(url: str | None = None, token: str | None = None, profile: str | Non
         token = token or saved.get("token") or os.environ.get("MODELYARD_TOKEN")
     if not url:
         raise ConfigError("no server: pass --url, set MODELYARD_URL, or save a profile with `modelyard login URL`")
-    return Target(url=url.rstrip("/"), token=token or None, profile=named if saved else None)
+    files: dict[str, str] = {}
+    for key in TLS_KEYS:
+        given = (tls or {}).get(key)
+        environment = os.environ.get(TLS_VARIABLES[key])
+        explicit = profile is not None
+        value = given or (saved.get(key) or environment if explicit else environment or saved.get(key))
+        if value:
+            files[key] = os.fspath(value)
+    return Target(url=url.rstrip("/"), token=token or None, profile=named if saved else None, tls=files)

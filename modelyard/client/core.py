@@ -10,13 +10,14 @@ import html
 import json
 import os
 import re
+import ssl
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import IO, Any, overload
+from typing import IO, Any, TypeVar, overload
 from urllib.parse import parse_qsl, quote, urlsplit
 
 import numpy as np
@@ -27,6 +28,7 @@ from modelyard.client.config import resolve
 from modelyard.client.errors import (
     ApiError,
     ChecksumMismatch,
+    ConfigError,
     ConnectionFailed,
     ModelyardError,
     NotFound,
@@ -58,6 +60,7 @@ from modelyard.client.types import (
 )
 
 CONNECT_TIMEOUT = 10.0
+E = TypeVar("E", bound=BaseException)
 DOWNLOAD_BLOCK = 1 << 20
 SAFE_FILE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")  # what the registry accepts as a file name
 BUNDLE = "model.sig"  # a signature bundle's name, in an upload and in a pulled folder (model-signing's default)
@@ -98,6 +101,86 @@ def _error_of(response: requests.Response) -> ApiError:
     return api_error(response.status_code, error, detail, retry_after=retry_after)
 
 
+def tls_options(
+    ca_bundle: str | os.PathLike[str] | None = None,
+    client_cert: str | os.PathLike[str] | None = None,
+    client_key: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """``requests``' ``verify`` and ``cert`` from the arguments, else ``MODELYARD_CA_BUNDLE``, ``MODELYARD_CLIENT_CERT``
+    and ``MODELYARD_CLIENT_KEY``; empty when none is set (then the system's CAs are trusted, as ``requests`` does).
+
+    Given on every request rather than set on the session: ``requests`` lets ``REQUESTS_CA_BUNDLE`` override
+    a session's ``verify``, and the CA named here must win.
+    """
+    ca = ca_bundle or os.environ.get("MODELYARD_CA_BUNDLE") or None
+    cert = client_cert or os.environ.get("MODELYARD_CLIENT_CERT") or None
+    key = client_key or os.environ.get("MODELYARD_CLIENT_KEY") or None
+    options: dict[str, Any] = {}
+    for path, what in (
+        (ca, "--ca-bundle (MODELYARD_CA_BUNDLE)"),
+        (cert, "--client-cert (MODELYARD_CLIENT_CERT)"),
+        (key, "--client-key (MODELYARD_CLIENT_KEY)"),
+    ):
+        if path is not None and not os.path.exists(path):
+            raise ConfigError(f"{what} {os.fspath(path)}: no such file")
+    if key is not None and cert is None:
+        raise ConfigError(
+            "--client-key (MODELYARD_CLIENT_KEY) goes with --client-cert CERT.pem (MODELYARD_CLIENT_CERT)"
+        )
+    if ca is not None:
+        options["verify"] = os.fspath(ca)
+    if cert is not None:
+        options["cert"] = (os.fspath(cert), os.fspath(key)) if key is not None else os.fspath(cert)
+    return options
+
+
+def _inner(exc: BaseException, kind: type[E]) -> E | None:
+    """The ``kind`` of error somewhere inside what ``requests`` raised (it wraps it in urllib3's errors), or None."""
+    seen: set[int] = set()
+    pending: list[Any] = [exc]
+    while pending:
+        item = pending.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, kind):
+            return item
+        pending += [*item.args, getattr(item, "reason", None), item.__cause__, item.__context__]
+    return None
+
+
+CLIENT_CERTIFICATE = (
+    "pass --client-cert CERT.pem and --client-key KEY.pem (MODELYARD_CLIENT_CERT, MODELYARD_CLIENT_KEY)"
+)
+
+
+def connection_failed(url: str, exc: requests.RequestException, *, client_certificate: bool) -> ConnectionFailed:
+    """``cannot reach URL: ...``, saying what to do when TLS was the trouble: a CA to trust, a client certificate.
+
+    A server that requires client certificates may refuse one without saying why: with TLS 1.3 the
+    client's handshake is over before the server checks, and the server then just closes the connection.
+    """
+    found = _inner(exc, ssl.SSLError)
+    if isinstance(found, ssl.SSLCertVerificationError):
+        return ConnectionFailed(
+            f"cannot reach {url}: its TLS certificate is not trusted ({found.verify_message}); pass --ca-bundle "
+            "CA.pem (MODELYARD_CA_BUNDLE, Client(ca_bundle=...)) with the certificate authority that signed it"
+        )
+    if found is not None and "CERTIFICATE_REQUIRED" in str(found).upper().replace(" ", "_"):
+        return ConnectionFailed(f"cannot reach {url}: the server requires a client certificate; {CLIENT_CERTIFICATE}")
+    closed = isinstance(found, ssl.SSLEOFError | ssl.SSLZeroReturnError) or (
+        found is None and _inner(exc, ConnectionResetError) is not None
+    )
+    if closed and url.startswith("https://") and not client_certificate:
+        return ConnectionFailed(
+            f"cannot reach {url}: the server closed the connection without answering (a server that requires "
+            f"client certificates does so to callers without one: {CLIENT_CERTIFICATE})"
+        )
+    if found is not None:
+        return ConnectionFailed(f"cannot reach {url}: TLS failed ({found.reason or found})")
+    return ConnectionFailed(f"cannot reach {url}: {exc}")
+
+
 def _q(part: str | int) -> str:
     return quote(str(part), safe="")
 
@@ -124,11 +207,16 @@ class Client:
         profile: str | None = None,
         timeout: float = 300.0,
         session: requests.Session | None = None,
+        ca_bundle: str | os.PathLike[str] | None = None,
+        client_cert: str | os.PathLike[str] | None = None,
+        client_key: str | os.PathLike[str] | None = None,
     ) -> None:
-        target = resolve(url=url, token=token, profile=profile)
+        files = {"ca_bundle": ca_bundle, "client_cert": client_cert, "client_key": client_key}
+        target = resolve(url=url, token=token, profile=profile, tls=files)
         self.url = target.url
         self.profile = target.profile
         self.timeout = timeout
+        self.tls = tls_options(**target.tls)
         self.session = session or requests.Session()
         self.session.headers["User-Agent"] = _user_agent()
         if target.token:
@@ -163,9 +251,10 @@ class Client:
                 stream=stream,
                 timeout=(CONNECT_TIMEOUT, timeout or self.timeout),
                 allow_redirects=False,
+                **self.tls,
             )
         except requests.RequestException as exc:
-            raise ConnectionFailed(f"cannot reach {self.url}: {exc}") from exc
+            raise connection_failed(self.url, exc, client_certificate="cert" in self.tls) from exc
         if response.status_code >= 400:
             with response:
                 raise _error_of(response)
@@ -832,20 +921,27 @@ def token_from_password(
     *,
     name: str = "modelyard login",
     expires_days: int | None = None,
+    roles: list[str] | None = None,
+    models: list[str] | None = None,
     timeout: float = 60.0,
+    ca_bundle: str | os.PathLike[str] | None = None,
+    client_cert: str | os.PathLike[str] | None = None,
+    client_key: str | os.PathLike[str] | None = None,
 ) -> str:
     """Sign in with a password the way a browser does, create an API token, and sign out; returns the token.
 
     Tokens can only be created from a signed-in session (a token cannot mint tokens), so this uses
     the web login (``/accounts/login/``, with its CSRF token): its lockout, rate and audit rules
-    apply, and the password never goes anywhere else.
+    apply, and the password never goes anywhere else. ``roles`` limits the token to some of the
+    user's roles, ``models`` to models whose names match one of these fnmatch patterns.
     """
     base = url.rstrip("/")
     login_url = f"{base}/accounts/login/"
+    tls = tls_options(ca_bundle, client_cert, client_key)
     session = requests.Session()
     session.headers["User-Agent"] = _user_agent()
     try:
-        form = session.get(login_url, timeout=(CONNECT_TIMEOUT, timeout))
+        form = session.get(login_url, timeout=(CONNECT_TIMEOUT, timeout), **tls)
         csrf = session.cookies.get("csrftoken")
         if form.status_code != 200 or not csrf:
             raise ModelyardError(f"{login_url} offers no login form (status {form.status_code})")
@@ -855,15 +951,17 @@ def token_from_password(
             headers={"Referer": login_url},
             allow_redirects=False,
             timeout=(CONNECT_TIMEOUT, timeout),
+            **tls,
         )
         if answer.status_code != 302:
             raise Unauthorized(f"login failed: {_login_error(answer.text)}", status=401)
         csrf = session.cookies.get("csrftoken") or csrf  # Django rotates it at login
         created = session.post(
             f"{base}/api/v1/tokens",
-            json={"name": name, "expires_days": expires_days},
+            json={"name": name, "expires_days": expires_days, "roles": roles or None, "models": models or []},
             headers={"X-CSRFToken": csrf, "Referer": f"{base}/"},
             timeout=(CONNECT_TIMEOUT, timeout),
+            **tls,
         )
         if created.status_code != 201:
             raise _error_of(created)
@@ -874,7 +972,8 @@ def token_from_password(
             headers={"Referer": f"{base}/"},
             allow_redirects=False,
             timeout=(CONNECT_TIMEOUT, timeout),
+            **tls,
         )
         return token
     except requests.RequestException as exc:
-        raise ConnectionFailed(f"cannot reach {base}: {exc}") from exc
+        raise connection_failed(base, exc, client_certificate="cert" in tls) from exc

@@ -15,6 +15,7 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
+from registry.access.scopes import effective_roles
 from registry.access.throttling import ClientAddressThrottle, client_address
 from registry.models import ApiToken, Role
 
@@ -96,6 +97,7 @@ class BearerTokenAuthentication(authentication.BaseAuthentication):
             # credentials: past the rate, guessing gets 429 and no longer writes an audit event each time.
             ClientAddressThrottle().consume(f"ip:{client_address(request)}")
             raise (TokenExpired if exc.expired else exceptions.AuthenticationFailed)(str(exc)) from exc
+        limit_to_token(token)
         return token.user, token
 
     def authenticate_header(self, request: Request) -> str:
@@ -124,8 +126,24 @@ def user_roles(user: Any) -> set[str]:
         cached = set(user.groups.values_list("name", flat=True)) & set(Role.values)
         if user.is_superuser:
             cached.add(Role.ADMIN)
+        token = getattr(user, "_modelyard_token", None)
+        if token is not None:  # authenticated with an API token: only the roles it carries (limit_to_token)
+            cached = effective_roles(cached, token)
         user._modelyard_roles = cached
     return set(cached)
+
+
+def token_roles(token: ApiToken) -> set[str]:
+    """The roles ``token`` carries now: its own that its user holds (``registry.access.scopes``)."""
+    return effective_roles(user_roles(token.user), token)
+
+
+def limit_to_token(token: ApiToken) -> None:
+    """Make every role check of this request (``has_role(token.user, ...)``) see only the token's roles.
+
+    Decided when first asked (:func:`user_roles`), so a request that checks no role costs no query.
+    """
+    token.user._modelyard_token = token  # type: ignore[attr-defined]  # read by user_roles
 
 
 def has_role(user: Any, *roles: str) -> bool:

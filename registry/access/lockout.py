@@ -34,7 +34,7 @@ from registry.access.clients import actor_from_request
 from registry.access.refusals import audit_auth_failed
 from registry.access.throttling import client_address
 from registry.audit.chain import Actor, audit_record
-from registry.models import LoginFailure
+from registry.models import LoginFailure, ServiceAccount
 
 USER = "user"
 IP = "ip"
@@ -160,6 +160,7 @@ class LockoutMixin:
     cleaned_data: dict[str, Any]
     locked_out = ""  # the whole message
     lockout: Refusal | None = None  # its parts, for the login page
+    service_account = ""  # why a service account cannot sign in, for the login page
 
     def clean(self) -> dict[str, Any]:
         username = str(self.cleaned_data.get("username") or "")
@@ -175,9 +176,19 @@ class LockoutMixin:
                 reason=f"locked out ({lock.kind} {lock.value}) until {lock.locked_until:%Y-%m-%dT%H:%M:%SZ}",
             )
             raise forms.ValidationError(self.locked_out, code="locked_out")
-        cleaned: dict[str, Any] = super().clean()  # type: ignore[misc]
+        try:
+            cleaned: dict[str, Any] = super().clean()  # type: ignore[misc]
+        except forms.ValidationError as exc:
+            # A pipeline's account has no password: say so, not "wrong password" (still counted as a failure).
+            if exc.code == "invalid_login" and ServiceAccount.objects.filter(user__username=username).exists():
+                self.service_account = SERVICE_ACCOUNT_LOGIN.format(username=username)
+                raise forms.ValidationError(self.service_account, code="service_account") from exc
+            raise
         login_success(username=username)
         return cleaned
+
+
+SERVICE_ACCOUNT_LOGIN = "'{username}' is a service account: it cannot sign in, and works only with its API tokens"
 
 
 class LockoutAuthenticationForm(LockoutMixin, AuthenticationForm):

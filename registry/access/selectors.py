@@ -10,12 +10,12 @@ from django.contrib.auth.models import Group
 from django.db.models import Prefetch, QuerySet
 
 from registry.access.auth import has_role
-from registry.models import ApiToken, AuditEvent, Role
+from registry.models import ApiToken, AuditEvent, Role, ServiceAccount
 
 
 def token_list(*, viewer: Any, username: str = "") -> QuerySet[ApiToken]:
     """The tokens ``viewer`` may see, newest first: every token for an admin, otherwise their own."""
-    tokens = ApiToken.objects.select_related("user")
+    tokens = ApiToken.objects.select_related("user", "rotated_from")
     if not has_role(viewer, Role.ADMIN):
         tokens = tokens.filter(user=viewer)
     if username:
@@ -36,3 +36,9 @@ def user_list() -> QuerySet[Any]:
     """Every user with their groups (the roles), by name."""
     roles = Prefetch("groups", queryset=Group.objects.filter(name__in=Role.values).order_by("name"), to_attr="roles")
     return get_user_model().objects.prefetch_related(roles).order_by("username")
+
+
+def service_account_list() -> QuerySet[ServiceAccount]:
+    """Every service account with its user, its roles and its owner, by name."""
+    roles = Prefetch("user__groups", queryset=Group.objects.filter(name__in=Role.values))
+    return ServiceAccount.objects.select_related("user", "owner").prefetch_related(roles).order_by("user__username")

@@ -18,14 +18,16 @@ from django.contrib.auth.password_validation import validate_password
 from django.contrib.auth.tokens import default_token_generator
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import ProtectedError
 from django.utils import timezone
 from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 
-from registry.access.auth import has_role
+from registry.access.auth import has_role, user_roles
+from registry.access.scopes import model_patterns_problem
 from registry.audit.chain import SYSTEM, Actor, audit_record
 from registry.errors import Conflict, InvalidInput, NotFound, PermissionDenied
-from registry.models import ApiToken, AuditEvent, Role
+from registry.models import ApiToken, AuditEvent, Role, ServiceAccount
 
 
 @transaction.atomic(durable=True)
@@ -36,10 +38,15 @@ def token_create(
     roles: Sequence[str] = (),
     name: str = "",
     expires_in: timedelta | None = None,
+    only_roles: Sequence[str] | None = None,
+    model_patterns: Sequence[str] = (),
     actor: Actor = SYSTEM,
 ) -> tuple[ApiToken, str]:
     """Create an API token (and optionally its user); returns the row and the only copy of the secret.
 
+    ``roles`` are granted to the user. ``only_roles`` limits the token to some of the user's roles
+    (None: all of them, as they are at each request); asking for a role the user lacks is refused.
+    ``model_patterns`` limits it to models whose names match one of them (fnmatch; none: every model).
     With ``expires_in`` the token stops authenticating after that long; without, it lasts until revoked.
     """
     if expires_in is not None and expires_in <= timedelta(0):
@@ -47,6 +54,7 @@ def token_create(
     unknown = sorted(set(roles) - set(Role.values))
     if unknown:
         raise InvalidInput(f"unknown role(s) {', '.join(unknown)}; roles are {', '.join(Role.values)}")
+    token_scope = _checked_scope(only_roles, model_patterns)
     User = get_user_model()
     user = User.objects.filter(username=username).first()
     if user is None:
@@ -65,17 +73,131 @@ def token_create(
             added.append(role)
     if added:
         _user_event(actor, "user.roles.grant", username, after=_grant(added))
+    _check_user_holds(user, token_scope[0])
+    return _token_issue(user=user, name=name, expires_in=expires_in, scope=token_scope, actor=actor)
+
+
+def _checked_scope(
+    only_roles: Sequence[str] | None, model_patterns: Sequence[str]
+) -> tuple[list[str] | None, list[str]]:
+    """A token's roles (None: all of its user's) and model patterns, checked; both sorted, without repeats."""
+    chosen = None
+    if only_roles is not None:
+        chosen = _checked_roles(only_roles)
+        if not chosen:
+            raise InvalidInput("a token limited to roles needs at least one role")
+    problem = model_patterns_problem(list(model_patterns))
+    if problem is not None:
+        raise InvalidInput(problem)
+    return chosen, sorted(set(model_patterns))
+
+
+def _check_user_holds(user: Any, roles: Sequence[str] | None) -> None:
+    """A token never has more than its user: refuse roles the user does not hold (an admin holds every role)."""
+    if roles is None:
+        return
+    user.__dict__.pop("_modelyard_roles", None)  # the roles may have been granted just now
+    held = user_roles(user)
+    missing = [] if Role.ADMIN in held else sorted(set(roles) - held)
+    if missing:
+        raise InvalidInput(
+            f"'{user.get_username()}' does not hold the role(s) {', '.join(missing)}, and a token carries only "
+            f"roles its user holds (theirs: {', '.join(sorted(held)) or 'none'}); grant the role to the user first"
+        )
+
+
+def _token_issue(
+    *,
+    user: Any,
+    name: str,
+    expires_in: timedelta | None,
+    scope: tuple[list[str] | None, list[str]],
+    actor: Actor,
+    rotated_from: ApiToken | None = None,
+) -> tuple[ApiToken, str]:
+    """Make the token row and its secret, and audit ``token.create``; inside the caller's transaction."""
     prefix = secrets.token_hex(6)
     raw = f"my_{prefix}_{secrets.token_urlsafe(32)}"
     expires_at = timezone.now() + expires_in if expires_in is not None else None
+    only_roles, patterns = scope
     token = ApiToken.objects.create(
-        user=user, name=name, prefix=prefix, key_hash=ApiToken.hash_key(raw), expires_at=expires_at
+        user=user,
+        name=name,
+        prefix=prefix,
+        key_hash=ApiToken.hash_key(raw),
+        expires_at=expires_at,
+        roles=only_roles,
+        model_patterns=patterns,
+        rotated_from=rotated_from,
     )
-    after = {"user": username, "name": name}
-    if expires_at is not None:  # kept out otherwise, so events of tokens without expiry look as they always did
+    after: dict[str, Any] = {"user": user.get_username(), "name": name}
+    # Each kept out when unset, so events of unlimited tokens without expiry look as they always did.
+    if expires_at is not None:
         after["expires_at"] = expires_at.isoformat()
+    if only_roles is not None:
+        after["roles"] = only_roles
+    if patterns:
+        after["models"] = patterns
+    if rotated_from is not None:
+        after["rotated_from"] = rotated_from.prefix
     audit_record(actor=actor, action="token.create", target_type="token", target=prefix, after=after)
     return token, raw
+
+
+@transaction.atomic(durable=True)
+def token_rotate(
+    *, token: ApiToken, overlap: timedelta, expires_in: timedelta | None = None, actor: Actor
+) -> tuple[ApiToken, str]:
+    """Replace a token with a new one of the same user, name, roles and models; the old one works ``overlap`` more.
+
+    The new token lasts ``expires_in``, or as long as the old one was made to last (none: until revoked).
+    The old one's ``expires_at`` becomes now + ``overlap`` (never later than it was), so a pipeline
+    can switch to the new secret meanwhile. Audited as ``token.create`` (with ``rotated_from``) and
+    ``token.rotate`` on the old token. A revoked or expired token is not rotated: create a new one.
+    """
+    if overlap < timedelta(0):
+        raise InvalidInput("the overlap must be zero or more hours")
+    if expires_in is not None and expires_in <= timedelta(0):
+        raise InvalidInput("a token's lifetime must be positive")
+    old = ApiToken.objects.select_for_update(of=("self",)).select_related("user").get(pk=token.pk)
+    now = timezone.now()
+    if old.revoked_at is not None:
+        raise Conflict(f"API token {old.prefix} is revoked: create a new token instead of rotating it")
+    if old.expires_at is not None and old.expires_at <= now:
+        raise Conflict(f"API token {old.prefix} expired at {old.expires_at.isoformat()}: create a new token instead")
+    if not old.user.is_active:
+        raise Conflict(f"'{old.user.get_username()}' is deactivated: its tokens are not rotated")
+    if expires_in is None and old.expires_at is not None:
+        expires_in = old.expires_at - old.created_at
+    # The roles it names must still be the user's, as for any new token.
+    _check_user_holds(old.user, old.roles)
+    new, raw = _token_issue(
+        user=old.user,
+        name=old.name,
+        expires_in=expires_in,
+        scope=(old.roles, list(old.model_patterns or [])),
+        actor=actor,
+        rotated_from=old,
+    )
+    before = {"expires_at": old.expires_at.isoformat() if old.expires_at else None}
+    ends = now + overlap
+    old.expires_at = ends if old.expires_at is None else min(old.expires_at, ends)
+    old.save(update_fields=["expires_at"])
+    audit_record(
+        actor=actor,
+        action="token.rotate",
+        target_type="token",
+        target=old.prefix,
+        before=before,
+        after={
+            "user": old.user.get_username(),
+            "name": old.name,
+            "replaced_by": new.prefix,
+            "expires_at": old.expires_at.isoformat(),
+            "overlap_seconds": int(overlap.total_seconds()),
+        },
+    )
+    return new, raw
 
 
 @transaction.atomic(durable=True)
@@ -402,3 +524,100 @@ def user_password_set(*, user: Any, password: str, actor: Actor) -> None:
     user.set_password(password)
     user.save(update_fields=["password"])
     user_access_record(user_id=user.pk, before=before, actor=actor)
+
+
+# --- Service accounts -------------------------------------------------------------------------------
+#
+# A pipeline's user: no password (it cannot sign in), owned by an admin who answers for it, and used
+# only through API tokens, which can expire and be rotated with an overlap (token_rotate).
+
+
+def _require_admin_or_system(actor: Actor, what: str) -> None:
+    if actor.user is not None:  # the command line (SYSTEM) acts for the operator
+        _require_admin(actor, what)
+
+
+def _checked_new_username(username: str) -> str:
+    User = get_user_model()
+    username = User.normalize_username(username.strip())
+    try:
+        User.username_validator(username)
+    except ValidationError as exc:
+        raise InvalidInput(f"username: {' '.join(exc.messages)}") from exc
+    if not username or len(username) > 150:
+        raise InvalidInput("username: use 1-150 characters")
+    _check_new_username(username)
+    return username
+
+
+@transaction.atomic(durable=True)
+def service_account_create(
+    *, username: str, owner: str = "", roles: Sequence[str] = (), description: str = "", actor: Actor
+) -> ServiceAccount:
+    """Create a service account: a user with ``roles`` and no password, owned by the admin ``owner``.
+
+    ``owner`` defaults to the acting admin. Audited as ``user.create`` (the user's whole access) and
+    ``service_account.create`` (its owner and description).
+    """
+    _require_admin_or_system(actor, "creating a service account")
+    owner = owner or (actor.user.get_username() if actor.user is not None else "")
+    if not owner:
+        raise InvalidInput("a service account needs an owner: name an admin (--owner ADMIN)")
+    User = get_user_model()
+    owner_user = User.objects.filter(username=owner).first()
+    if owner_user is None:
+        raise NotFound(f"no user named '{owner}' to own the service account")
+    if not owner_user.is_active or not has_role(owner_user, Role.ADMIN):
+        raise InvalidInput(f"the owner of a service account must be an active admin; '{owner}' is not")
+    if len(description) > 200:
+        raise InvalidInput("description: at most 200 characters")
+    chosen = _checked_roles(roles)
+    username = _checked_new_username(username)
+    user = User(username=username)
+    user.set_unusable_password()
+    user.save()
+    _set_roles(user, chosen)
+    account = ServiceAccount.objects.create(user=user, owner=owner_user, description=description)
+    user_access_record(user_id=user.pk, before=None, actor=actor)
+    audit_record(
+        actor=actor,
+        action="service_account.create",
+        target_type="user",
+        target=username,
+        after={"owner": owner, "roles": chosen, "description": description},
+    )
+    return account
+
+
+@transaction.atomic(durable=True)
+def service_account_delete(*, username: str, actor: Actor) -> None:
+    """Delete a service account, its user and its tokens (which stop working at once; ``/v2`` within seconds).
+
+    Audited as ``service_account.delete`` (with the prefixes of the tokens it still had) and ``user.delete``.
+    """
+    _require_admin_or_system(actor, "deleting a service account")
+    account = ServiceAccount.objects.select_related("user", "owner").filter(user__username=username).first()
+    if account is None:
+        raise NotFound(f"no service account named '{username}'")
+    user_id = account.user_id
+    before = user_access_snapshot(user_id=user_id)
+    live = ApiToken.objects.filter(user_id=user_id, revoked_at__isnull=True).order_by("id")
+    audit_record(
+        actor=actor,
+        action="service_account.delete",
+        target_type="user",
+        target=username,
+        after={
+            "owner": account.owner.get_username() if account.owner is not None else None,
+            "tokens": list(live.values_list("prefix", flat=True)),
+        },
+    )
+    try:
+        with transaction.atomic():
+            account.user.delete()
+    except ProtectedError as exc:
+        raise Conflict(
+            f"'{username}' is named by records that are kept (a promotion it requested, say): deactivate it "
+            "instead, on the users page, which stops its tokens too"
+        ) from exc
+    user_access_record(user_id=user_id, before=before, actor=actor)

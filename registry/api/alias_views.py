@@ -17,6 +17,7 @@ from rest_framework.views import APIView
 from modelyard.error_body import error_body
 from registry import promotions, selectors, serving
 from registry.access.clients import actor_from_request
+from registry.access.scopes import model_scope_q, token_patterns
 from registry.api.serializers import FormListField
 from registry.comparison import compare
 from registry.errors import InvalidInput
@@ -349,12 +350,21 @@ class PromotionList(generics.ListAPIView[PromotionRequest]):
 
     def get_queryset(self) -> Any:
         params = self.request.query_params
-        return selectors.promotion_list(
+        promotions = selectors.promotion_list(
             state=params.get("state", ""), model_name=params.get("model", ""), kind=params.get("kind", "")
         )
+        return promotions.filter(model_scope_q(token_patterns(self.request), "alias__model__name"))
+
+
+def _promotion_model(kwargs: dict[str, Any]) -> str | None:
+    """The model of the promotion a URL names, for the token's model scope (``registry.access.scopes``)."""
+    promotions = PromotionRequest.objects.filter(pk=int(kwargs.get("pk", 0)))
+    return promotions.values_list("alias__model__name", flat=True).first()
 
 
 class PromotionDetail(APIView):
+    scoped_model = staticmethod(_promotion_model)
+
     @extend_schema(responses=PromotionSerializer)
     def get(self, request: Request, pk: int) -> Response:
         return Response(PromotionSerializer(get_object_or_404(selectors.promotion_list(), pk=pk)).data)
@@ -364,6 +374,7 @@ class _PromotionDecision(APIView):
     # Reviewers hold the approver role, not maintainer; the service checks who may decide.
     permission_classes = [IsAuthenticated]
     service: Any = None
+    scoped_model = staticmethod(_promotion_model)
 
     @extend_schema(request=ReasonInput, responses=PromotionSerializer)
     def post(self, request: Request, pk: int) -> Response:

@@ -19,6 +19,7 @@ from rest_framework.views import APIView
 
 from registry import selectors, services
 from registry.access.clients import actor_from_request
+from registry.access.scopes import model_in_scope, model_scope_q, out_of_scope_message, token_patterns
 from registry.api import lifecycle_views
 from registry.api.responses import StreamingFileResponse
 from registry.api.serializers import (
@@ -28,7 +29,7 @@ from registry.api.serializers import (
     VersionSerializer,
     VersionUpdateInput,
 )
-from registry.errors import Gone, InvalidInput, NotFound, PayloadTooLarge
+from registry.errors import Gone, InvalidInput, NotFound, PayloadTooLarge, PermissionDenied
 from registry.http import MultipartUpload
 from registry.lifecycle.lineage import LINEAGE_FIELDS
 from registry.models import ModelVersion, RegisteredModel
@@ -51,12 +52,16 @@ class ModelListCreate(generics.ListAPIView[RegisteredModel]):
 
     def get_queryset(self) -> Any:
         params = self.request.query_params
-        return selectors.model_list(query=params.get("q", ""), tag=params.get("tag", ""))
+        models = selectors.model_list(query=params.get("q", ""), tag=params.get("tag", ""))
+        return models.filter(model_scope_q(token_patterns(self.request)))  # a limited token sees its models only
 
     @extend_schema(request=ModelCreateInput, responses={201: ModelSerializer})
     def post(self, request: Request) -> Response:
         data = ModelCreateInput(data=request.data)
         data.is_valid(raise_exception=True)
+        patterns = token_patterns(request)
+        if not model_in_scope(data.validated_data["name"], patterns):
+            raise PermissionDenied(out_of_scope_message(data.validated_data["name"], patterns))
         model = services.model_create(**data.validated_data, actor=actor_from_request(request))
         return Response(ModelSerializer(model).data, status=status.HTTP_201_CREATED)
 

@@ -91,6 +91,11 @@ class _WebhookFields(serializers.Serializer[Any]):
     active = serializers.BooleanField(required=False)
 
 
+def _without_secret() -> Any:
+    """Webhooks loaded without their secret: no read shows it, so none decrypts it (modelyard/crypto.py)."""
+    return Webhook.objects.defer("secret")
+
+
 def _model_named(name: str | None) -> RegisteredModel | None:
     if not name:
         return None
@@ -117,7 +122,7 @@ class WebhookListCreate(generics.ListAPIView[Webhook]):
         active = serializers.BooleanField(required=False, default=True)
 
     def get_queryset(self) -> Any:
-        return Webhook.objects.select_related("model", "created_by")
+        return Webhook.objects.select_related("model", "created_by").defer("secret")
 
     @extend_schema(request=InputSerializer, responses={201: WebhookCreatedSerializer})
     def post(self, request: Request) -> Response:
@@ -143,11 +148,11 @@ class WebhookDetail(APIView):
 
     @extend_schema(responses=WebhookSerializer)
     def get(self, request: Request, pk: int) -> Response:
-        return Response(WebhookSerializer(get_object_or_404(Webhook, pk=pk)).data)
+        return Response(WebhookSerializer(get_object_or_404(_without_secret(), pk=pk)).data)
 
     @extend_schema(request=InputSerializer, responses=WebhookSerializer)
     def patch(self, request: Request, pk: int) -> Response:
-        hook = get_object_or_404(Webhook, pk=pk)
+        hook = get_object_or_404(_without_secret(), pk=pk)
         data = self.InputSerializer(data=request.data, partial=True)
         data.is_valid(raise_exception=True)
         changes = dict(data.validated_data)
@@ -158,7 +163,7 @@ class WebhookDetail(APIView):
 
     @extend_schema(responses={204: None})
     def delete(self, request: Request, pk: int) -> Response:
-        hook = Webhook.objects.filter(pk=pk).first()
+        hook = _without_secret().filter(pk=pk).first()
         if hook is None:
             raise NotFound(f"there is no webhook {pk}")
         webhooks.webhook_delete(webhook=hook, actor=actor_from_request(request))
@@ -179,7 +184,7 @@ class DeliveryList(generics.ListAPIView[WebhookDelivery]):
         return super().get(request, *args, **kwargs)
 
     def get_queryset(self) -> Any:
-        hook = get_object_or_404(Webhook, pk=self.kwargs["pk"])
+        hook = get_object_or_404(_without_secret(), pk=self.kwargs["pk"])
         deliveries = hook.deliveries.all()
         wanted = self.request.query_params.get("status", "")
         return deliveries.filter(status=wanted) if wanted else deliveries

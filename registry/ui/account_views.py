@@ -33,7 +33,7 @@ from registry.access.refusals import audit_access_denied
 from registry.errors import InvalidInput, NotFound, RegistryError
 from registry.models import Role
 from registry.ui.errors import error_page
-from registry.ui.forms import TokenCreateForm, UserAccessForm, UserInviteForm
+from registry.ui.forms import TokenCreateForm, TokenRotateForm, UserAccessForm, UserInviteForm
 from registry.ui.views import refusal, require_role
 
 # --- Tokens -------------------------------------------------------------------------------------------
@@ -71,12 +71,36 @@ def token_index(request: HttpRequest) -> HttpResponse:
             username=request.user.get_username(),
             name=form.cleaned_data["name"],
             expires_in=timedelta(days=days) if days else None,
+            only_roles=form.cleaned_data["roles"] or None,
+            model_patterns=form.cleaned_data["models"],
             actor=actor_from_request(request),
         )
     except RegistryError as exc:
         return _token_page(request, form=form, error=exc.message, status=refusal(request, exc))
     # Rendered, not redirected: the secret is in this page and nowhere else.
     return _token_page(request, created=(token, secret))
+
+
+@login_required
+@require_POST
+def token_rotate(request: HttpRequest, prefix: str) -> HttpResponse:
+    """A new token with the old one's roles and models, shown once; the old one works ``overlap_hours`` more."""
+    token = selectors.token_list(viewer=request.user).filter(prefix=prefix).first()
+    form = TokenRotateForm(request.POST)
+    if not form.is_valid():
+        return _token_page(request, error=form.error_text(), status=400)
+    hours = form.cleaned_data["overlap_hours"]
+    try:
+        if token is None:
+            raise NotFound(f"no API token with prefix '{prefix}'")
+        new, secret = services.token_rotate(
+            token=token,
+            overlap=timedelta(hours=24 if hours is None else hours),
+            actor=actor_from_request(request),
+        )
+    except RegistryError as exc:
+        return _token_page(request, error=exc.message, status=refusal(request, exc))
+    return _token_page(request, created=(new, secret))
 
 
 @login_required

@@ -183,12 +183,27 @@ class RetentionForm(UiForm):
         return data
 
 
+ROLE_CHOICES = [(role.value, role.value) for role in Role]
+
+
+class ModelPatternsField(forms.CharField):
+    """A token's model patterns as one line, separated by commas or spaces (``fraud-*, churn``)."""
+
+    def to_python(self, value: Any) -> list[str]:  # type: ignore[override]
+        text = super().to_python(value) or ""
+        return [part for part in re.split(r"[,\s]+", text) if part]
+
+
 class TokenCreateForm(UiForm):
     name = forms.CharField(required=False, max_length=100)
     expires_days = forms.IntegerField(required=False, min_value=1, max_value=3650)
+    # None ticked: the token carries all of its user's roles; some: only those (each must be the user's).
+    roles = forms.MultipleChoiceField(choices=ROLE_CHOICES, required=False)
+    models = ModelPatternsField(required=False, max_length=2000)
 
 
-ROLE_CHOICES = [(role.value, role.value) for role in Role]
+class TokenRotateForm(UiForm):
+    overlap_hours = forms.IntegerField(required=False, min_value=0, max_value=24 * 90)
 
 
 class UserInviteForm(UiForm):

@@ -60,6 +60,7 @@ urlpatterns = [
     path("fleet", ui_views.fleet_index, name="fleet"),
     path("tokens", ui_account_views.token_index, name="tokens"),
     path("tokens/<str:prefix>/revoke", ui_account_views.token_revoke, name="token-revoke"),
+    path("tokens/<str:prefix>/rotate", ui_account_views.token_rotate, name="token-rotate"),
     path("users", ui_account_views.user_index, name="users"),
     path("users/<str:username>", ui_account_views.user_access, name="user"),
     path("users/<str:username>/password-link", ui_account_views.user_password_link, name="user-password-link"),

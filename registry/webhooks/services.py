@@ -39,6 +39,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from modelyard.crypto import SecretUnreadable
 from registry import queueing
 from registry.audit.chain import Actor, audit_record
 from registry.errors import InvalidInput
@@ -71,7 +72,8 @@ def emit(event: WebhookEvent, *, model: RegisteredModel, version: int | None, de
     """
     hooks = [
         hook
-        for hook in Webhook.objects.filter(Q(model__isnull=True) | Q(model=model), active=True)
+        # Without the secret: it is decrypted only when a delivery is signed, so a key problem never fails the change.
+        for hook in Webhook.objects.filter(Q(model__isnull=True) | Q(model=model), active=True).defer("secret")
         if event in hook.events
     ]
     if not hooks:
@@ -169,19 +171,24 @@ def delivery_attempt(*, delivery_id: int) -> str:
     ).update(status=DeliveryStatus.SENDING, attempts=F("attempts") + 1, claimed_at=now)
     if not claimed:
         return "skipped"
-    delivery = WebhookDelivery.objects.select_related("webhook").get(pk=delivery_id)
+    delivery = WebhookDelivery.objects.select_related("webhook").defer("webhook__secret").get(pk=delivery_id)
     hook = delivery.webhook
     if not hook.active:
         WebhookDelivery.objects.filter(pk=delivery.pk).update(
             status=DeliveryStatus.FAILED, last_error="the webhook was disabled", next_attempt_at=None, claimed_at=None
         )
         return "disabled"
+    try:
+        secret = hook.secret  # decrypted here (modelyard/crypto.py)
+    except SecretUnreadable as exc:
+        _record_failure(delivery, str(exc), status_code=None)
+        return "failed"
     headers = {
         "Content-Type": "application/json",
         "User-Agent": "Modelyard-Webhooks/1",
         "Modelyard-Event": delivery.event,
         "Modelyard-Delivery": str(delivery.uuid),
-        SIGNATURE_HEADER: sign(hook.secret, int(time.time()), delivery.body),
+        SIGNATURE_HEADER: sign(secret, int(time.time()), delivery.body),
     }
     try:
         answer = outbound.post(
@@ -286,7 +293,7 @@ def webhook_update(*, webhook: Webhook, actor: Actor, **changes: Any) -> Webhook
     unknown = set(changes) - {"url", "events", "model", "active", "secret"}
     if unknown:
         raise TypeError(f"webhook_update() got unexpected fields {sorted(unknown)}")
-    hook = Webhook.objects.select_for_update(of=("self",)).select_related("model").get(pk=webhook.pk)
+    hook = Webhook.objects.select_for_update(of=("self",)).select_related("model").defer("secret").get(pk=webhook.pk)
     before, old_url = _recorded(hook), hook.url
     if "url" in changes:
         hook.url = _checked_url(changes["url"])

@@ -353,3 +353,61 @@ def test_batching_shows_and_changes_whether_a_models_requests_are_merged(live: L
         1,
         "modelyard batching: max_batch_size: Ensure this value is less than or equal to 4096.\n",
     )
+
+
+def test_a_limited_token_from_login_or_createtoken_is_refused_outside_its_models(live: LiveServer):
+    """Least privilege on the embedded server (SQLite): the token carries only the roles and models it names."""
+    maker = live.createtoken("hana", "maintainer", "inference")
+    assert live.run("models", "--token", maker).returncode == 0
+    setpw = live.run(
+        "manage",
+        "shell",
+        "-c",
+        "from django.contrib.auth import get_user_model as g; u = g().objects.get(username='hana'); "
+        "u.set_password('a long enough password'); u.save()",
+    )
+    assert setpw.returncode == 0, setpw.stderr
+    login = live.run(
+        "login",
+        live.url,
+        "--profile",
+        "hana-scorer",
+        "--username",
+        "hana",
+        "--password-stdin",
+        "--only-role",
+        "inference",
+        "--only-model",
+        "fraud-*",
+        "--json",
+        stdin="a long enough password\n",
+    )
+    assert login.returncode == 0, login.stderr
+    assert json.loads(login.stdout)["roles"] == ["inference"]  # what the saved token carries, not all of hana's
+    with sqlite3.connect(live.folder / "data" / "modelyard.sqlite3") as db:
+        [(roles, models)] = db.execute(
+            "SELECT t.roles, t.model_patterns FROM registry_apitoken t JOIN auth_user u ON u.id = t.user_id "
+            "WHERE u.username = 'hana' AND t.name = 'modelyard login'"
+        ).fetchall()
+    assert (json.loads(roles), json.loads(models)) == (["inference"], ["fraud-*"])
+
+    done = live.run("createtoken", "hana", "--only-role", "maintainer", "--only-model", "fraud-*")
+    assert done.returncode == 0, done.stderr
+    limited = done.stdout.strip().splitlines()[-1]
+    example_model(live.folder / "hana")
+    files = ("hana/model.onnx", "hana/model.onnx.data")
+    refused_push = live.run("push", "other", *files, "--token", limited, "--quiet")
+    assert refused_push.returncode == 1
+    assert (
+        refused_push.stderr.strip()
+        .splitlines()[-1]
+        .endswith("this API token is limited to models matching 'fraud-*'; 'other' is not one of them")
+    )
+    assert live.run("push", "other", *files, "--token", maker, "--quiet").returncode == 0, "hana herself may"
+    pushed = live.run("push", "fraud-scorer", *files, "--token", limited, "--quiet")
+    assert pushed.returncode == 0, pushed.stderr
+    listed = live.run("models", "--token", limited, "--json")
+    assert [m["name"] for m in json.loads(listed.stdout)] == ["fraud-scorer"]
+    refused = live.run("createtoken", "hana", "--only-role", "approver")
+    assert refused.returncode == 2
+    assert "does not hold the role(s) approver" in refused.stderr

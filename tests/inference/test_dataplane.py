@@ -222,7 +222,7 @@ def test_authorise_needs_an_inference_token_unless_public(bare_plane, run, setti
     for refused in ("", "not-a-token", owner.token + "x"):
         with pytest.raises(Unauthorised, match=r"^a bearer token with the inference role is required$"):
             run(plane.authorise(refused))
-    with pytest.raises(Forbidden, match=r"^inference needs the inference or admin role, and this token's user has"):
+    with pytest.raises(Forbidden, match=r"^inference needs the inference or admin role, and this token carries"):
         run(plane.authorise(owner.token))  # a valid token, but a maintainer has no inference role
     run(plane.authorise(client.token))
     run(plane.authorise(admin.token))  # admins have every role

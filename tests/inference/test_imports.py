@@ -75,6 +75,7 @@ ALLOWED_FROM_PROJECT = (
     "storage",
     "modelyard.metrics",
     "modelyard.provenance",
+    "modelyard.tls",  # the checked certificate files the gRPC server listens with (standard library only)
 )
 PROJECT = ("inference", "registry", "onnxkit", "storage", "modelyard", "bench", "scripts", "tests")
 

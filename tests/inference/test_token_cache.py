@@ -12,7 +12,7 @@ from inference.auth import TokenCache
 from registry.access import services
 from registry.audit.chain import SYSTEM
 from registry.models import ApiToken, Role
-from registry.serving import InferenceAccess
+from registry.serving import InferenceAccess, TokenGrant
 
 ALLOWED, REFUSED = InferenceAccess.ALLOWED, InferenceAccess.REFUSED
 
@@ -62,10 +62,10 @@ def test_a_token_allowed_before_keeps_working_while_the_database_is_down(monkeyp
     assert cache.check(raw) is ALLOWED
     time.sleep(0.02)
 
-    def database_down(raw: str) -> InferenceAccess:
+    def database_down(raw: str) -> TokenGrant:
         raise OperationalError("connection refused")
 
-    monkeypatch.setattr(auth, "token_inference_access", database_down)
+    monkeypatch.setattr(auth, "token_grant", database_down)
     assert cache.check(raw) is ALLOWED
     assert cache.check(other) is REFUSED
 

@@ -172,9 +172,32 @@ def _benchmarks_queued(world: World, body: Body | None, answer: Any) -> None:
 
 def _token_created(world: World, body: Body | None, answer: Any) -> None:
     assert (answer["user"], answer["name"], answer["expires_at"]) == ("mia", "", None)
+    assert (answer["roles"], answer["models"]) == (None, [])  # unlimited: all of her roles, every model
     assert answer["token"]
     listed = world.read("/api/v1/tokens?user=mia")["results"]
     assert answer["prefix"] in [token["prefix"] for token in listed]
+
+
+def _token_rotated(world: World, body: Body | None, answer: Any) -> None:
+    # Without an overlap given, the old token keeps working for 24 hours; the new one has its name and limits.
+    assert (answer["user"], answer["name"], answer["rotated_from"]) == ("mia", "spare", world.spare_token)
+    assert (answer["roles"], answer["models"]) == (None, [])
+    listed = {token["prefix"]: token for token in world.read("/api/v1/tokens?user=mia")["results"]}
+    assert listed[world.spare_token]["expires_at"] is not None and answer["prefix"] in listed
+
+
+def _service_account(world: World) -> None:
+    ok(world.people["root"].post("/api/v1/service-accounts", {"username": "pipeline"}), 201)
+
+
+def _service_account_created(world: World, body: Body | None, answer: Any) -> None:
+    created = world.read("/api/v1/service-accounts/pipeline")
+    assert (created["owner"], created["roles"], created["description"]) == ("root", [], "")
+    assert answer == created
+
+
+def _service_account_gone(world: World, body: Body | None, answer: Any) -> None:
+    assert world.status_of("/api/v1/service-accounts/pipeline") == 404
 
 
 def _token_revoked(world: World, body: Body | None, answer: Any) -> None:
@@ -472,6 +495,15 @@ CALLS: dict[str, Call] = {
     ),
     "v1_tokens_create": Call("mia", 201, session=True, check=_token_created),
     "v1_tokens_destroy": Call("mia", 204, params=lambda w: {"prefix": w.spare_token}, check=_token_revoked),
+    "v1_tokens_rotate_create": Call(
+        "mia", 201, session=True, params=lambda w: {"prefix": w.spare_token}, check=_token_rotated
+    ),
+    "v1_service_accounts_create": Call(
+        "root", 201, values=lambda w: {"username": "pipeline"}, check=_service_account_created
+    ),
+    "v1_service_accounts_destroy": Call(
+        "root", 204, params=lambda w: {"username": "pipeline"}, check=_service_account_gone, prepare=_service_account
+    ),
     "v1_webhooks_create": Call(
         "root", 201, values=lambda w: {"url": HOOK_URL, "events": ["promotion.rejected"]}, check=_webhook_created
     ),
@@ -504,6 +536,10 @@ CALLS: dict[str, Call] = {
     "v1_promotions_list": _read(),
     "v1_promotions_retrieve": _read(params=_promotion),
     "v1_tokens_list": _read(),
+    "v1_service_accounts_list": _read("root"),
+    "v1_service_accounts_retrieve": Call(
+        "root", 200, params=lambda w: {"username": "pipeline"}, prepare=_service_account
+    ),
     "v1_webhooks_list": _read("root"),
     "v1_webhooks_retrieve": _read("root", params=_webhook),
     "v1_webhooks_deliveries_list": _read("root", params=_webhook),

@@ -20,7 +20,18 @@ from tests.support.people import make_person
 pytestmark = pytest.mark.django_db
 
 TOKENS = "/api/v1/tokens"
-FIELDS = {"prefix", "name", "user", "created_at", "expires_at", "last_used_at", "revoked_at"}
+FIELDS = {
+    "prefix",
+    "name",
+    "user",
+    "roles",
+    "models",
+    "created_at",
+    "expires_at",
+    "last_used_at",
+    "revoked_at",
+    "rotated_from",
+}
 
 
 def prefix_of(person) -> str:

@@ -6,6 +6,7 @@ import http.client
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -57,6 +58,8 @@ def base_env(**extra: str) -> dict[str, str]:
     # The registry's key of this test process: a server started here verifies (and signs) what the tests'
     # uploads were signed with, as the hosts of one deployment share it.
     env.update(MODELYARD_SIGNING_KEY=django_settings.SIGNING_KEY.decode())
+    # And its encryption keys: a secret one process stores (a webhook's), another reads back.
+    env.update(MODELYARD_ENCRYPTION_KEYS=",".join(django_settings.ENCRYPTION_KEYS))
     env.update(extra)
     return env
 
@@ -74,10 +77,12 @@ class ServeProcess:
         args: tuple[str, ...] = (),
         host: str = "127.0.0.1",
         netns: str | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.name = name
         self.role = role
         self.host = host
+        self.tls = tls  # a client's context for a server started with --ssl-certfile: then HTTPS
         self.port = free_port()
         self.grpc_port = free_port()  # never the default 8001: tests (and other checkouts) run servers side by side
         self.log_path = log_path
@@ -93,7 +98,7 @@ class ServeProcess:
 
     @property
     def base(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -109,7 +114,11 @@ class ServeProcess:
         headers: dict[str, str] | None = None,
     ) -> tuple[int, Any]:
         """One HTTP request on a fresh connection; returns (status, JSON body or raw text)."""
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        conn: http.client.HTTPConnection
+        if self.tls is None:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        else:
+            conn = http.client.HTTPSConnection(self.host, self.port, timeout=timeout, context=self.tls)
         headers = {"Content-Type": "application/json", **(headers or {})}
         if token:
             headers["Authorization"] = f"Bearer {token}"
