@@ -19,7 +19,6 @@ from playwright.sync_api import expect
 
 from registry.access import services
 from registry.models import AuditEvent, OidcIdentity, Role
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 from tests.support.oidc_provider import CLIENT_ID, CLIENT_SECRET, OTHER_CLIENT_ID, OidcProvider
 from tests.support.processes import ServeProcess, base_env, free_port, subprocess_database_url
 from tests.support.ui import LAPTOP, csp_violations, person, shoot, watch_console
@@ -67,21 +66,6 @@ def world(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytes
             provider.stop()
         with django_db_blocker.unblock():
             call_command("flush", interactive=False, verbosity=0)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API keeps an event loop in this thread; the tests query between browser calls only.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        with sync_playwright() as playwright:
-            launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-            try:
-                yield launched
-            finally:
-                launched.close()
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,6 @@ from registry.access import services
 from registry.access.lockout import SERVICE_ACCOUNT_LOGIN
 from registry.audit.chain import SYSTEM
 from registry.models import ApiToken, AuditEvent, Role
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 from tests.support.ui import LAPTOP, UiServer, login, person, shoot
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -32,20 +31,6 @@ def server(
         running.stop()
         with django_db_blocker.unblock():
             call_command("flush", interactive=False, verbosity=0)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        with sync_playwright() as playwright:
-            launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-            try:
-                yield launched
-            finally:
-                launched.close()
 
 
 def test_a_limited_token_is_made_and_rotated_on_the_tokens_page(server, browser):

@@ -40,7 +40,6 @@ from registry.models import (
 from registry.serving import LoadedRow, LoadState, TrafficBucket, WorkerReport
 from registry.uploads import LocalUpload, version_upload
 from storage import get_storage
-from tests.support.browser import CHROMIUM, CHROMIUM_ARGS
 from tests.support.onnx_models import add_model_bytes
 from tests.support.polling import eventually
 from tests.support.ui import LAPTOP, PHONE, UiServer, csp_violations, csrf_token, login, person, shoot
@@ -64,22 +63,6 @@ def server(
         # next test on this worker would see an "e2e-inference" member that is not its own.
         with django_db_blocker.unblock():
             call_command("flush", interactive=False, verbosity=0)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API keeps an event loop in this thread, and Django then refuses every query as
-    # if it ran inside that loop. None does: the tests query between browser calls, never within them.
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        with sync_playwright() as playwright:
-            launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-            try:
-                yield launched
-            finally:
-                launched.close()
 
 
 @pytest.fixture(autouse=True)
