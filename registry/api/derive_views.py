@@ -91,7 +91,15 @@ class VersionDerive(APIView):
         return Response(DeriveJobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
 
+def _derive_job_model(kwargs: dict[str, Any]) -> str | None:
+    """The model of the derive job a URL names, for the token's model scope (``registry.access.scopes``)."""
+    jobs = DeriveJob.objects.filter(pk=int(kwargs.get("pk", 0)))
+    return jobs.values_list("source__model__name", flat=True).first()
+
+
 class DeriveJobDetail(APIView):
+    scoped_model = staticmethod(_derive_job_model)
+
     @extend_schema(responses=DeriveJobSerializer)
     def get(self, request: Request, pk: int) -> Response:
         return Response(DeriveJobSerializer(get_object_or_404(selectors.derive_job_list(), pk=pk)).data)

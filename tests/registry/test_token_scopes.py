@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
 
 from modelyard import cli
 from registry.access import services
-from registry.access.scopes import model_in_scope, out_of_scope_message
+from registry.access.scopes import TokenModelScope, model_in_scope, out_of_scope_message
 from registry.audit.chain import SYSTEM
 from registry.errors import InvalidInput
-from registry.models import ApiToken, AuditEvent, Role
+from registry.models import ApiToken, AuditEvent, DeriveJob, DeriveRecipe, Role
 from tests.support.people import Person, make_person
 from tests.support.registry import create_model, set_alias, upload_versions
 
@@ -100,6 +101,41 @@ def test_a_token_limited_to_fraud_models_gets_403_on_other_models_and_lists_only
     assert limited.post("/api/v1/models", {"name": "fraud-new"}).status_code == 201
     # The owner's unlimited token still reaches everything.
     assert owner.get("/api/v1/models/other").status_code == 200
+
+
+def test_a_derive_job_of_another_model_is_out_of_a_limited_tokens_reach(owner, models):
+    source = upload_versions(owner, [1.0], model="other")[0]
+    job = DeriveJob.objects.create(source=source, recipe=DeriveRecipe.FP16)
+    limited = scoped("owner", only_roles=None, models=["fraud-*"])
+    refused = limited.get(f"/api/v1/derive-jobs/{job.pk}")
+    assert (refused.status_code, refused.json()["error"]) == (403, OTHER_REFUSAL)
+    assert owner.get(f"/api/v1/derive-jobs/{job.pk}").status_code == 200
+
+
+def _api_routes(resolver: URLResolver | None = None, prefix: str = "") -> list[tuple[str, type]]:
+    found: list[tuple[str, type]] = []
+    for entry in (resolver or get_resolver()).url_patterns:
+        if isinstance(entry, URLResolver):
+            found += _api_routes(entry, prefix + str(entry.pattern))
+        elif isinstance(entry, URLPattern) and hasattr(entry.callback, "cls"):
+            found.append((prefix + str(entry.pattern), entry.callback.cls))
+    return [(route, cls) for route, cls in found if route.startswith("api/v1/")]
+
+
+# The routes that name an object by id without a model in the URL, and are not about one model.
+NOT_OF_ONE_MODEL = {"api/v1/tokens/<str:prefix>", "api/v1/tokens/<str:prefix>/rotate"}
+NOT_OF_ONE_MODEL |= {"api/v1/service-accounts/<str:username>"}
+NOT_OF_ONE_MODEL |= {"api/v1/webhooks/<int:pk>", "api/v1/webhooks/<int:pk>/deliveries"}  # admins only
+
+
+def test_every_api_route_of_a_model_checks_the_tokens_model_patterns():
+    """A new view that overrides its throttle classes, or names a model's object by id, must keep the check."""
+    routes = _api_routes()
+    assert len(routes) > 40
+    for route, cls in routes:
+        assert any(isinstance(throttle, TokenModelScope) for throttle in cls().get_throttles()), route
+        if "<" in route and "<str:name>" not in route and route not in NOT_OF_ONE_MODEL:
+            assert hasattr(cls, "scoped_model"), f"{route} names an object by id: give {cls.__name__} scoped_model"
 
 
 def test_an_inference_only_token_of_a_maintainer_cannot_promote(owner, approver, models):
