@@ -22,7 +22,7 @@ from onnxkit.signatures import signature_diff
 from registry import notify
 from registry.access.auth import has_role
 from registry.audit.chain import SYSTEM, Actor, audit_record
-from registry.comparison import compare, policy_violations
+from registry.comparison import Comparison, policy_violations
 from registry.errors import Conflict, ForceNeedsReason, ForceRequired, InvalidInput, NotFound, PermissionDenied
 from registry.models import (
     PRODUCTION,
@@ -188,7 +188,7 @@ def _gate(alias: Alias, version: ModelVersion, check: PolicyCheck, *, force: boo
     """
     if check.policy.builtin:
         forced = _check_signature(alias, version, force=force, reason=reason)
-        return _check_policy(alias, version, force=force, reason=reason) or forced
+        return _check_policy(alias, version, check.comparison, force=force, reason=reason) or forced
     failing = [r for r in check.results if r["name"] in check.failing]
     if not failing:
         return False
@@ -257,12 +257,15 @@ def alias_policy(alias: Alias) -> dict[str, float | None]:
     return {name: getattr(alias, name) for name in POLICY_FIELDS}
 
 
-def _check_policy(alias: Alias, version: ModelVersion, *, force: bool, reason: str) -> bool:
-    """Refuse a candidate that breaks the alias's speed or accuracy policy unless forced with a reason."""
+def _check_policy(alias: Alias, version: ModelVersion, comparison: Comparison, *, force: bool, reason: str) -> bool:
+    """Refuse a candidate that breaks the alias's speed or accuracy policy unless forced with a reason.
+
+    ``comparison`` is the one the policy's evidence was read from (``PolicyCheck.comparison``).
+    """
     policy = alias_policy(alias)
     if alias.version is None or all(value is None for value in policy.values()):
         return False
-    violations = policy_violations(compare(version, alias.version, alias.name), policy)
+    violations = policy_violations(comparison, policy)
     if not violations:
         return False
     if not force:

@@ -24,7 +24,7 @@ from typing import Any
 from onnxkit.signatures import signature_compare, signature_diff
 from registry.access.auth import user_roles
 from registry.audit.chain import Actor, audit_record
-from registry.comparison import compare
+from registry.comparison import Comparison, compare
 from registry.models import Alias, AliasPolicy, ModelVersion, PolicyState, SignatureKind
 from registry.policy.engine import CompiledRule, Rule, RuleResult, compile_policy, evaluate_policy
 from registry.shadow.services import shadow_report_for
@@ -62,6 +62,7 @@ class PolicyCheck:
 
     policy: Policy
     results: list[dict[str, Any]]  # {"name", "passed", "why", "waiting"}
+    comparison: Comparison  # the evidence's candidate-against-current, which the built-in policy's checks read too
 
     @property
     def failing(self) -> list[str]:
@@ -150,11 +151,19 @@ def _version(version: ModelVersion | None) -> dict[str, Any] | None:
 
 
 def policy_evidence(
-    alias: Alias, version: ModelVersion, *, requester: Any = None, approvals: list[Any] | None = None
+    alias: Alias,
+    version: ModelVersion,
+    *,
+    requester: Any = None,
+    approvals: list[Any] | None = None,
+    comparison: Comparison | None = None,
 ) -> dict[str, Any]:
-    """Every variable a rule may use, for promoting ``version`` to ``alias`` now (null where there is none)."""
+    """Every variable a rule may use, for promoting ``version`` to ``alias`` now (null where there is none).
+
+    ``comparison`` is ``compare(version, alias.version, alias.name)`` when the caller has it already.
+    """
     current = alias.version
-    comparison = compare(version, current, alias.name)
+    comparison = comparison or compare(version, current, alias.name)
     speed = comparison.speed
     signers = version.signatures.filter(kind=SignatureKind.UPLOADER).values_list("signer", flat=True)
     return {
@@ -219,7 +228,8 @@ def policy_check(
     """
     policy = policy or policy_in_force(alias)
     compiled = _compiled(policy)
-    evidence = policy_evidence(alias, version, requester=requester, approvals=approvals)
+    comparison = compare(version, alias.version, alias.name)
+    evidence = policy_evidence(alias, version, requester=requester, approvals=approvals, comparison=comparison)
     outcomes: list[RuleResult] = evaluate_policy(compiled, evidence)
     results = []
     for rule, outcome in zip(compiled, outcomes, strict=True):
@@ -232,7 +242,7 @@ def policy_check(
                 "waiting": waiting,
             }
         )
-    return PolicyCheck(policy=policy, results=results)
+    return PolicyCheck(policy=policy, results=results, comparison=comparison)
 
 
 def policy_activate(record: AliasPolicy, actor: Actor) -> None:
