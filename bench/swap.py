@@ -1,6 +1,7 @@
 """Swap benchmark: hot swaps of a real model under constant load, across two inference processes.
 
     .venv/bin/python bench/swap.py [--swaps 20] [--clients 2] [--steady-seconds 8]
+        [--load-nice 0] [--load-nice-seconds 1] [--optimized-cache-bytes 0] [--shared-cache]
 
 What it does, all on 127.0.0.1 and cleaned up afterwards:
 
@@ -11,7 +12,10 @@ What it does, all on 127.0.0.1 and cleaned up afterwards:
    ``modelyard createtoken`` (a maintainer who asks, an approver who approves), uploads both versions
    and points ``production`` at v1;
 4. starts two ``modelyard serve --role inference`` processes (CPU, one ORT thread each; the reconcile
-   loop wakes on PostgreSQL NOTIFY and polls every ``--poll-seconds``);
+   loop wakes on PostgreSQL NOTIFY and polls every ``--poll-seconds``); loads run ``--load-nice`` lower
+   (for at most ``--load-nice-seconds``) and save ONNX Runtime's optimised graph when
+   ``--optimized-cache-bytes`` is above 0 (both off by default, as in the product); ``--shared-cache``
+   gives both one artifact cache, as processes of one host);
 5. sends /v2 infer requests (batch 1, sequence length 32) without pause from ``--clients`` keep-alive
    clients per process, first for ``--steady-seconds`` of steady state, then through ``--swaps``
    promotions of ``production`` that alternate v2 and v1 (request, then approval).
@@ -369,6 +373,7 @@ def _run(args: argparse.Namespace, work: Path, servers: list[Server]) -> dict[st
 
     promote(1)
     workers = ["inf-1", "inf-2"]
+    host_secret = uuid.uuid4().hex + uuid.uuid4().hex
     inference = []
     for worker in workers:
         env = base_env(
@@ -382,7 +387,13 @@ def _run(args: argparse.Namespace, work: Path, servers: list[Server]) -> dict[st
             MODELYARD_ORT_INTRA_OP_THREADS="1",
             MODELYARD_RECONCILE_POLL_SECONDS=str(args.poll_seconds),
             MODELYARD_FLEET_HEARTBEAT_SECONDS="1",
+            MODELYARD_LOAD_NICE=str(args.load_nice),
+            MODELYARD_LOAD_NICE_SECONDS=str(args.load_nice_seconds),
+            MODELYARD_ORT_OPTIMIZED_CACHE_MAX_BYTES=str(args.optimized_cache_bytes),
         )
+        if args.shared_cache:  # the processes of one host: one artifact cache, one saved optimised graph per version
+            env["MODELYARD_CACHE_DIR"] = str(work / "cache")
+            env["MODELYARD_SECRET_KEY"] = host_secret  # what checks the saved graphs: one per host, as with --workers
         server = Server(worker, "inference", env, work)
         servers.append(server)
         inference.append(server)
@@ -453,6 +464,10 @@ def _run(args: argparse.Namespace, work: Path, servers: list[Server]) -> dict[st
         "processes": len(inference),
         "clients_per_process": args.clients,
         "reconcile_poll_seconds": args.poll_seconds,
+        "load_nice": args.load_nice,
+        "load_nice_seconds": args.load_nice_seconds,
+        "optimized_cache_bytes": args.optimized_cache_bytes,
+        "shared_cache": args.shared_cache,
         "swaps": len(swaps),
         "swap_median_s": statistics.median(s["every_process_serving_s"] for s in swaps),
         "swap_max_s": max(s["every_process_serving_s"] for s in swaps),
@@ -513,6 +528,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steady-seconds", type=float, default=8.0)
     parser.add_argument("--settle-seconds", type=float, default=1.0, help="pause after each swap converged")
     parser.add_argument("--poll-seconds", type=float, default=5.0, help="MODELYARD_RECONCILE_POLL_SECONDS")
+    parser.add_argument(
+        "--load-nice", type=int, default=0, help="MODELYARD_LOAD_NICE (0, the default: loads at serving priority)"
+    )
+    parser.add_argument(
+        "--load-nice-seconds", type=float, default=1.0, help="MODELYARD_LOAD_NICE_SECONDS (0: the whole load)"
+    )
+    parser.add_argument(
+        "--optimized-cache-bytes",
+        type=int,
+        default=0,
+        help="MODELYARD_ORT_OPTIMIZED_CACHE_MAX_BYTES (0, the default: no saved optimised graphs)",
+    )
+    parser.add_argument(
+        "--shared-cache", action="store_true", help="one MODELYARD_CACHE_DIR for both processes, as on one host"
+    )
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "swap.json")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, models)")
     args = parser.parse_args(argv)

@@ -188,7 +188,7 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
         except InferenceError as exc:
             return error_response(exc)
         payload, headers = encode_response(
-            model=result.model, version=result.version, request=decoded, values=result.outputs
+            model=result.model, version=result.version, request=decoded, values=result.outputs, cached=result.cached
         )
         return Response(payload, headers=headers)
 

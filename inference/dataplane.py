@@ -437,6 +437,23 @@ class DataPlane:
                 spec = loaded.spec
                 if spec.signature is not request.signature and spec.signature != request.signature:
                     raise ModelNotReady(f"model '{spec.model}' changed to version {spec.version} meanwhile; retry")
+                cache = self.runtime.responses.lookup(model, ref)
+                key = ""
+                lookup_ns = 0
+                if cache is not None:
+                    looked_up = time.monotonic_ns()
+                    # Keyed by this version's digests: an entry of the version the alias served before never matches.
+                    key = self.runtime.responses.key(spec, request.inputs)
+                    counts = self.runtime.responses.counts(spec, loaded.version_label)
+                    hit = await cache.store.get(key)
+                    if hit is not None:
+                        counts.hit()  # answered without the batcher or the session
+                        loaded.stats.cache_hit(looked_up)
+                        if ref is None or not ref.isdigit():
+                            metrics.alias_answered(model, ref, loaded.version_label)
+                        return self._result(loaded, request, dict(hit), cached=True)
+                    counts.miss()
+                    lookup_ns = time.monotonic_ns() - looked_up
                 try:
                     loaded.acquire()
                 except NotLoaded:
@@ -444,6 +461,10 @@ class DataPlane:
                 started = time.monotonic_ns()
                 try:
                     values = await self._run(loaded, request, client_gone)
+                    if cache is not None:  # while the version is held: a released version writes nothing
+                        inserting = time.monotonic_ns()
+                        await cache.store.put(key, values, counts)
+                        loaded.stats.cache_miss(lookup_ns + time.monotonic_ns() - inserting)
                 except ClientGone:
                     raise
                 except InferenceError as exc:
@@ -459,12 +480,19 @@ class DataPlane:
                 if ref is None or not ref.isdigit():
                     metrics.alias_answered(model, ref, loaded.version_label)
                 self._mirror(model, ref, loaded, request, values, started)
-                for name, count in request.classification.items():
-                    values[name] = classify(values[name], count, loaded.labels, batched=loaded.batching)
-                return InferResult(spec.model, loaded.version_label, values)
+                return self._result(loaded, request, values, cached=None if cache is None else False)
             raise ModelNotReady(RELOADING)
         finally:
             _discard(client_gone)
+
+    @staticmethod
+    def _result(
+        loaded: LoadedVersion, request: InferRequest, values: dict[str, np.ndarray], *, cached: bool | None
+    ) -> InferResult:
+        """The answer, with the outputs the request wants classified (after the cache: entries hold raw outputs)."""
+        for name, count in request.classification.items():
+            values[name] = classify(values[name], count, loaded.labels, batched=loaded.batching)
+        return InferResult(loaded.spec.model, loaded.version_label, values, cached)
 
     def _mirror(
         self,

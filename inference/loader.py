@@ -31,6 +31,7 @@ from inference.sessions import (
     build_cpu_lanes,
     build_session,
     lane_threads,
+    load_priority,
     unfixed_tensors,
 )
 from inference.text import TOKENIZER_FILE, TextEncoder
@@ -55,35 +56,48 @@ def load_version(spec: VersionSpec, cache: ArtifactCache) -> LoadedVersion:
     """
     started = time.perf_counter()
     rss_before = _rss_bytes()
-    folder, digests = cache.bundle_with_digests(spec.sha256, spec.files)
-    verify_version(spec, digests)  # the bytes just read, against bundles read from storage: before any session
-    built = build_session(
-        folder / spec.model_file, fixed_address_io=not unfixed_tensors(spec.signature), spinning=spinning(spec)
-    )
-    runner = None
-    if built.graphs:  # the session replays a captured CUDA graph: its inputs must stay where it found them
-        device = "cuda" if built.provider in GPU_PROVIDERS else "cpu"
-        runner = FixedAddressRunner(built.session, spec.signature, device=device, device_id=settings.CUDA_DEVICE_ID)
-    extras = {item.name for item in spec.files}
-    text = None
-    if "text" in spec.signature and TOKENIZER_FILE in extras:
-        text = TextEncoder.load(
-            folder,
-            spec.signature["text"],
-            built.session,
-            max_bytes=settings.TOKENIZER_MAX_BYTES,
-            max_tokens=settings.TEXT_MAX_TOKENS,
-            truncate=settings.TEXT_TRUNCATE,
-            max_texts=settings.TEXT_MAX_TEXTS,
+    # Lower than serving while it hashes, builds and warms up (for at most MODELYARD_LOAD_NICE_SECONDS);
+    # the new sessions' threads go back up after.
+    with load_priority(settings.LOAD_NICE, settings.LOAD_NICE_SECONDS):
+        folder, digests = cache.bundle_with_digests(spec.sha256, spec.files)
+        verify_version(spec, digests)  # the bytes just read, against bundles read from storage: before any session
+        built = build_session(
+            folder / spec.model_file,
+            fixed_address_io=not unfixed_tensors(spec.signature),
+            spinning=spinning(spec),
+            optimized=cache.optimized,
+            digests=digests,
         )
-    samples = folder / SAMPLE_INPUTS_FILE if SAMPLE_INPUTS_FILE in extras else None
-    _warm_up(built.session, spec, samples, runner)
-    make_lanes = None
-    lanes: list[Any] = []
-    if built.provider == CPU:
-        make_lanes = functools.partial(_cpu_lanes, folder / spec.model_file, spec, samples)
-        instances = instances_for(spec, built.provider)
-        lanes = make_lanes(instances) if instances > 1 else []
+        runner = None
+        if built.graphs:  # the session replays a captured CUDA graph: its inputs must stay where it found them
+            device = "cuda" if built.provider in GPU_PROVIDERS else "cpu"
+            runner = FixedAddressRunner(built.session, spec.signature, device=device, device_id=settings.CUDA_DEVICE_ID)
+        extras = {item.name for item in spec.files}
+        text = None
+        if "text" in spec.signature and TOKENIZER_FILE in extras:
+            text = TextEncoder.load(
+                folder,
+                spec.signature["text"],
+                built.session,
+                max_bytes=settings.TOKENIZER_MAX_BYTES,
+                max_tokens=settings.TEXT_MAX_TOKENS,
+                truncate=settings.TEXT_TRUNCATE,
+                max_texts=settings.TEXT_MAX_TEXTS,
+            )
+        samples = folder / SAMPLE_INPUTS_FILE if SAMPLE_INPUTS_FILE in extras else None
+        _warm_up(built.session, spec, samples, runner)
+        make_lanes = None
+        lanes: list[Any] = []
+        if built.provider == CPU:
+            make_lanes = functools.partial(
+                _cpu_lanes,
+                folder / spec.model_file,
+                spec,
+                samples,
+                optimized=built.model_path if built.preoptimized else None,
+            )
+            instances = instances_for(spec, built.provider)
+            lanes = make_lanes(instances) if instances > 1 else []
     loaded = LoadedVersion(
         spec,
         built.session,
@@ -114,9 +128,17 @@ def spinning(spec: VersionSpec) -> bool:
     return settings.ORT_SPINNING and not spec.mirror_only
 
 
-def _cpu_lanes(model_path: Path, spec: VersionSpec, samples: Path | None, instances: int) -> list[Any]:
-    """The CPU lanes of a version with ``instances`` > 1, each warmed up like the version's session."""
-    lanes = build_cpu_lanes(model_path, instances, spinning=spinning(spec))
+def _cpu_lanes(
+    model_path: Path, spec: VersionSpec, samples: Path | None, instances: int, *, optimized: Path | None = None
+) -> list[Any]:
+    """The CPU lanes of a version with ``instances`` > 1, each warmed up like the version's session.
+
+    From the saved optimised graph the version's session was made from (``optimized``), while it is
+    still there (lanes are built again when the instances change, and the graph may be evicted by then).
+    """
+    preoptimized = optimized is not None and optimized.exists()
+    source = optimized if optimized is not None and preoptimized else model_path
+    lanes = build_cpu_lanes(source, instances, spinning=spinning(spec), preoptimized=preoptimized)
     for lane in lanes:
         _warm_up(lane, spec, samples)
     logger.info(

@@ -130,6 +130,62 @@ class VersionMetrics:
                 pass
 
 
+RESPONSE_CACHE_HITS = Counter(
+    "modelyard_response_cache_hits",
+    "Inference requests answered from an alias's response cache, by model and version",
+    ["model", "version"],
+    registry=exposition.REGISTRY,
+)
+RESPONSE_CACHE_MISSES = Counter(
+    "modelyard_response_cache_misses",
+    "Inference requests through a caching alias that the cache could not answer, by model and version",
+    ["model", "version"],
+    registry=exposition.REGISTRY,
+)
+RESPONSE_CACHE_EVICTIONS = Counter(
+    "modelyard_response_cache_evictions",
+    "Response cache entries pushed out by the alias's byte bound (not by their TTL), by model and version",
+    ["model", "version"],
+    registry=exposition.REGISTRY,
+)
+RESPONSE_CACHE_BYTES = Gauge(
+    "modelyard_response_cache_bytes",
+    "Bytes of cached answers held in the inference processes' memory (summed over them), by model and version",
+    ["model", "version"],
+    multiprocess_mode="livesum",
+    registry=exposition.REGISTRY,
+)
+
+
+class CacheMetrics:
+    """The response cache's label children of one loaded version, made once (``inference/response_cache.py``)."""
+
+    __slots__ = ("_bytes", "evictions", "hits", "misses", "model", "nbytes", "version")
+
+    def __init__(self, model: str, version: str) -> None:
+        self.model = model
+        self.version = version
+        self.hits = RESPONSE_CACHE_HITS.labels(model, version)
+        self.misses = RESPONSE_CACHE_MISSES.labels(model, version)
+        self.evictions = RESPONSE_CACHE_EVICTIONS.labels(model, version)
+        self._bytes = RESPONSE_CACHE_BYTES.labels(model, version)
+        self.nbytes = 0
+
+    def held(self, delta: int) -> None:
+        """``delta`` bytes more (or fewer) of this version's answers held in memory."""
+        self.nbytes += delta
+        self._bytes.set(self.nbytes)
+
+    def retire(self) -> None:
+        """The version is released: its bytes are gone (set to 0 first, as :meth:`VersionMetrics.retire` says)."""
+        self._bytes.set(0)
+        self.nbytes = 0
+        try:
+            RESPONSE_CACHE_BYTES.remove(self.model, self.version)
+        except KeyError:
+            pass
+
+
 _unrouted: dict[str, VersionMetrics] = {}
 
 

@@ -58,6 +58,9 @@ class InferResult(NamedTuple):
     model: str
     version: str
     outputs: dict[str, np.ndarray]
+    # Through an alias with a response cache: whether the answer came from it (the ``cached`` response
+    # parameter); None when the alias caches nothing (no parameter).
+    cached: bool | None = None
 
 
 def can_batch(signature: dict[str, Any]) -> bool:
@@ -657,7 +660,7 @@ def _json_data(array: np.ndarray, datatype: str) -> list[Any] | np.ndarray:
 
 
 def encode_response(
-    *, model: str, version: str, request: InferRequest, values: dict[str, np.ndarray]
+    *, model: str, version: str, request: InferRequest, values: dict[str, np.ndarray], cached: bool | None = None
 ) -> tuple[bytes, dict[str, str]]:
     """The response body and headers: plain JSON, or JSON followed by binary outputs."""
     outputs = []
@@ -675,6 +678,8 @@ def encode_response(
     body: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": outputs}
     if request.id is not None:
         body["id"] = request.id
+    if cached is not None:
+        body["parameters"] = {"cached": cached}
     header = orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return header, {"content-type": "application/json"}

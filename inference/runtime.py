@@ -28,6 +28,7 @@ from inference.benchmarks import BenchmarkRunner
 from inference.cache import ArtifactCache
 from inference.loaded import LoadedVersion
 from inference.loader import load_version
+from inference.response_cache import ResponseCaches
 from inference.sessions import device_description, host_notice
 from inference.shadow import ShadowRoute, ShadowRunner
 from inference.verify import VerificationFailed
@@ -114,6 +115,7 @@ class InferenceRuntime:
         self.worker_id = worker_id or settings.WORKER_ID or f"{socket.gethostname()}-{os.getpid()}"
         self.router = Router()
         self.shadows = ShadowRunner()
+        self.responses = ResponseCaches()  # the aliases' response caches (``inference/response_cache.py``)
         self.loaded: dict[int, LoadedVersion] = {}
         self.status = RuntimeStatus()
         self.cache = ArtifactCache(Path(settings.CACHE_DIR), settings.CACHE_MAX_BYTES)
@@ -384,6 +386,7 @@ class InferenceRuntime:
             if spec.version_id in self.loaded and alias in table.get(model, {})
         }
         metrics.count_swaps(old, table)
+        self.responses.configure(desired.caches)
         self.router = Router(table, shadows, splits)  # the atomic switch
         for version_id in leftovers:
             self._release(self.loaded.pop(version_id))
@@ -431,6 +434,10 @@ class InferenceRuntime:
         def drain() -> None:
             if not loaded.drain_and_close(settings.DRAIN_TIMEOUT_SECONDS):
                 logger.warning("%s v%s released with requests still in flight", loaded.spec.model, loaded.spec.version)
+            # After the drain: no request that holds it can write an answer of the old version any more. A
+            # version loaded again (new settings, a new session) keeps its entries: its bytes are the same.
+            if self.loaded.get(loaded.spec.version_id) in (None, loaded):
+                self.responses.release(loaded.spec)
 
         threading.Thread(target=drain, name="drain", daemon=True).start()
 
@@ -469,6 +476,7 @@ class InferenceRuntime:
                     totals=v.traffic.totals(),
                     splits=splits_of.get(vid, {}),
                     shadows=tuple(sorted(shadows_of.get(vid, []))),
+                    cache=self.responses.totals(vid),
                 )
                 for vid, v in self.loaded.items()
             ]

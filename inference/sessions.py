@@ -20,17 +20,21 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import hashlib
 import importlib.metadata
 import importlib.util
 import io
+import json
 import logging
 import os
+import platform
 import re
 import sys
 import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from django.conf import settings
@@ -38,6 +42,9 @@ from django.core.exceptions import ImproperlyConfigured
 
 from inference.errors import runtime_detail
 from onnxkit.datatypes import NUMPY_OF
+
+if TYPE_CHECKING:
+    from inference.cache import OptimizedModels
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +80,8 @@ class BuiltSession:
     provider: str
     note: str = ""
     graphs: bool = False  # made with CUDA graphs: it must run through a FixedAddressRunner
+    model_path: Path | None = None  # the file the session was made from: the version's, or its saved optimised graph
+    preoptimized: bool = False  # made from the saved optimised graph, with ONNX Runtime's optimisation off
 
 
 @dataclass(frozen=True)
@@ -210,9 +219,10 @@ def provider_options(names: list[str], *, cuda_graphs: bool = False) -> list[tup
     return out
 
 
-def session_options(intra_op_threads: int = 0, *, spinning: bool | None = None) -> Any:
+def session_options(intra_op_threads: int = 0, *, spinning: bool | None = None, optimize: bool = True) -> Any:
     """ORT's options from the settings; ``intra_op_threads`` (0: the setting, else ORT's default) overrides, and
-    ``spinning`` (None: ``MODELYARD_ORT_SPINNING``) says whether idle threads spin."""
+    ``spinning`` (None: ``MODELYARD_ORT_SPINNING``) says whether idle threads spin. ``optimize=False``: the
+    model is an optimised graph saved before (:func:`prepare_optimized`), loaded with optimisation off."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -220,7 +230,7 @@ def session_options(intra_op_threads: int = 0, *, spinning: bool | None = None) 
         options.intra_op_num_threads = intra_op_threads or settings.ORT_INTRA_OP_THREADS
     if settings.ORT_INTER_OP_THREADS:
         options.inter_op_num_threads = settings.ORT_INTER_OP_THREADS
-    level = _GRAPH_LEVELS.get(settings.ORT_GRAPH_OPTIMIZATION, "ORT_ENABLE_ALL")
+    level = _GRAPH_LEVELS.get(settings.ORT_GRAPH_OPTIMIZATION if optimize else "disable", "ORT_ENABLE_ALL")
     options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, level)
     options.log_severity_level = 3
     if not (settings.ORT_SPINNING if spinning is None else spinning):
@@ -440,14 +450,20 @@ def _dynamic_inputs(session: Any) -> list[str]:
 
 
 def _create(
-    model_path: Path, chosen: list[str], *, cuda_graphs: bool, intra_op_threads: int = 0, spinning: bool | None = None
+    model_path: Path,
+    chosen: list[str],
+    *,
+    cuda_graphs: bool,
+    intra_op_threads: int = 0,
+    spinning: bool | None = None,
+    preoptimized: bool = False,
 ) -> Any:
     import onnxruntime as ort
 
     # enable_fallback=0: ONNX Runtime would otherwise retry on the CPU by itself and only print why.
     return ort.InferenceSession(
         os.fspath(model_path),
-        session_options(intra_op_threads, spinning=spinning),
+        session_options(intra_op_threads, spinning=spinning, optimize=not preoptimized),
         providers=provider_options(chosen, cuda_graphs=cuda_graphs),
         enable_fallback=0,
     )
@@ -466,7 +482,9 @@ def lane_threads(instances: int) -> int:
     return settings.ORT_INTRA_OP_THREADS or max(1, usable_cores() // instances)
 
 
-def build_cpu_lanes(model_path: Path, instances: int, *, spinning: bool | None = None) -> list[Any]:
+def build_cpu_lanes(
+    model_path: Path, instances: int, *, spinning: bool | None = None, preoptimized: bool = False
+) -> list[Any]:
     """One CPU session per instance, each with its share of the cores (:func:`lane_threads`).
 
     Two runs on one session would each want every core; on a small CPU their threads then wait on
@@ -474,17 +492,31 @@ def build_cpu_lanes(model_path: Path, instances: int, *, spinning: bool | None =
     """
     threads = lane_threads(instances)
     return [
-        _create(model_path, [CPU], cuda_graphs=False, intra_op_threads=threads, spinning=spinning)
+        _create(
+            model_path, [CPU], cuda_graphs=False, intra_op_threads=threads, spinning=spinning, preoptimized=preoptimized
+        )
         for _ in range(instances)
     ]
 
 
-def build_session(model_path: Path, *, fixed_address_io: bool = False, spinning: bool | None = None) -> BuiltSession:
+def build_session(
+    model_path: Path,
+    *,
+    fixed_address_io: bool = False,
+    spinning: bool | None = None,
+    optimized: OptimizedModels | None = None,
+    digests: Mapping[str, str] | None = None,
+) -> BuiltSession:
     """Create a session on the first requested provider that works; say why when that is not the first asked.
 
     ``fixed_address_io``: the caller runs the session through IO binding at fixed addresses, which a
     captured CUDA graph needs (a replay reads the inputs from where the capture found them and ignores
     what ``run()`` is given). Only then does ``MODELYARD_CUDA_GRAPHS`` apply.
+
+    ``optimized`` and ``digests`` (the sha256 of each file of the version, as read and checked now): on
+    the CPU, the session is made from ONNX Runtime's optimised graph saved in ``optimized`` by the
+    first load (:func:`prepare_optimized`), with optimisation off; a saved graph that cannot be made
+    or loaded leaves the session to be made from ``model_path`` as before.
     """
     installed = ort_install()
     import onnxruntime as ort
@@ -511,11 +543,20 @@ def build_session(model_path: Path, *, fixed_address_io: bool = False, spinning:
             "MODELYARD_CUDA_GRAPHS is not used for this model: CUDA graphs need every input and output shape "
             "fixed and numeric, so that they run at fixed addresses"
         )
+    source, preoptimized = model_path, False
+    if optimized is not None and digests and chosen == [CPU] and settings.ORT_GRAPH_OPTIMIZATION != "disable":
+        saved = prepare_optimized(model_path, digests, optimized)
+        if saved is not None:
+            source, preoptimized = saved, True
     while True:
         try:
-            session = _create(model_path, chosen, cuda_graphs=graphs, spinning=spinning)
+            session = _create(source, chosen, cuda_graphs=graphs, spinning=spinning, preoptimized=preoptimized)
             break
         except Exception as exc:
+            if preoptimized:
+                logger.warning("%s: its saved optimised graph does not load (%s); loading the model", model_path, exc)
+                source, preoptimized = model_path, False
+                continue
             if graphs:
                 # e.g. a node that only the CPU runs: a graph cannot be captured, the session still can be.
                 notes.append(f"CUDA graphs are off for this model: {runtime_detail(exc)}")
@@ -551,7 +592,192 @@ def build_session(model_path: Path, *, fixed_address_io: bool = False, spinning:
     note = "; ".join(notes)
     if note:
         logger.warning("%s runs on %s: %s", model_path.name, provider, note)
-    return BuiltSession(session=session, provider=provider, note=note, graphs=graphs and provider in GPU_PROVIDERS)
+    return BuiltSession(
+        session=session,
+        provider=provider,
+        note=note,
+        graphs=graphs and provider in GPU_PROVIDERS,
+        model_path=source,
+        preoptimized=preoptimized,
+    )
+
+
+# --- Loading beside the serving sessions: the optimised graph saved once, lower priority ---------------------
+
+
+@functools.cache
+def _cpu_signature() -> str:
+    """The machine and its CPU's instruction set flags: a graph optimised at level ``all`` may use them."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = next((line for line in fh if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        pass
+    return f"{platform.machine()} {hashlib.sha256(flags.encode()).hexdigest()[:16]}"
+
+
+def optimized_key(digests: Mapping[str, str], provider: str, level: str) -> str:
+    """The name of a version's saved optimised graph: its files' digests, the ONNX Runtime build, the provider,
+    the optimisation level and the CPU. Anything that would make another graph makes another key."""
+    import onnxruntime as ort
+
+    identity = {
+        "format": 1,
+        "files": sorted(digests.items()),
+        "ort": f"{ort_install()} {ort.__version__}",
+        "provider": provider,
+        "level": level,
+        "cpu": _cpu_signature(),
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def prepare_optimized(model_path: Path, digests: Mapping[str, str], store: OptimizedModels) -> Path | None:
+    """The version's optimised graph for the CPU from ``store``, saved there first if it is not yet.
+
+    The graph is optimised by a session of one intra-op thread, on a thread of its own at
+    ``MODELYARD_LOAD_NICE`` (it ends with it): what serves meanwhile keeps the cores. None when it
+    cannot be saved (a model over 2 GB, a full disk): the load then optimises as before.
+    """
+    key = optimized_key(digests, CPU, settings.ORT_GRAPH_OPTIMIZATION)
+
+    def save(target: Path) -> None:
+        def optimise() -> None:
+            import onnxruntime as ort
+
+            options = session_options(1, spinning=False)
+            options.optimized_model_filepath = os.fspath(target)
+            ort.InferenceSession(os.fspath(model_path), options, providers=[CPU])
+
+        run_at_priority(optimise, settings.LOAD_NICE)
+
+    return store.get_or_make(key, save)
+
+
+def run_at_priority(work: Callable[[], None], nice: int) -> None:
+    """Run ``work`` on a thread of its own, ``nice`` lower than this one (Linux: priority is per thread); wait for it.
+
+    The threads it starts (ONNX Runtime's) inherit the priority and end with the work's session.
+    """
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            _lower_this_thread(nice)
+            work()
+        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=target, name="model-optimise", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+
+
+def _lower_this_thread(nice: int) -> tuple[int, int] | None:
+    """(thread id, its nice value before) after adding ``nice`` to this thread's; None where it cannot be."""
+    if nice <= 0 or not hasattr(os, "setpriority"):
+        return None
+    tid = threading.get_native_id()
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, tid)
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, base + nice))
+    except OSError:
+        return None
+    return tid, base
+
+
+def thread_nice(tid: int | None = None) -> int:
+    """The nice value of a thread of this process (this one by default)."""
+    return os.getpriority(os.PRIO_PROCESS, tid or threading.get_native_id())
+
+
+def _task_ids() -> set[int]:
+    try:
+        return {int(name) for name in os.listdir("/proc/self/task")}
+    except OSError:
+        return set()
+
+
+@functools.cache
+def priority_restorable() -> bool:
+    """Whether a thread of this process may take back the priority it gave up (CAP_SYS_NICE or RLIMIT_NICE).
+
+    Without it a load cannot run lowered as a whole: the threads of the sessions it builds would keep
+    the lower priority while they serve. Only the optimisation (:func:`prepare_optimized`) then runs lowered.
+    """
+    result: list[bool] = []
+
+    def probe() -> None:
+        lowered = _lower_this_thread(1)
+        if lowered is None:
+            result.append(False)
+            return
+        try:
+            os.setpriority(os.PRIO_PROCESS, lowered[0], lowered[1])
+            result.append(True)
+        except OSError:
+            result.append(False)
+
+    thread = threading.Thread(target=probe, name="priority-probe", daemon=True)
+    thread.start()
+    thread.join()
+    if not result[0]:
+        logger.info(
+            "MODELYARD_LOAD_NICE: this process may not raise a thread's priority back (no CAP_SYS_NICE, RLIMIT_NICE "
+            "below 20), so loads run at the serving priority; only the graph optimisation runs lowered"
+        )
+    return result[0]
+
+
+@contextlib.contextmanager
+def load_priority(nice: int, seconds: float = 0.0) -> Iterator[bool]:
+    """This thread ``nice`` lower for the block, for at most ``seconds`` (0: the whole block); then it and the
+    threads started meanwhile (the new sessions' ONNX Runtime threads, which inherited the lower priority)
+    go back to where it was: at the end of the block, to serve, or at the deadline, to finish sooner.
+
+    Yields whether the thread runs lowered (not where :func:`priority_restorable` says it could not go back).
+    """
+    if nice <= 0 or not priority_restorable():
+        yield False
+        return
+    before = _task_ids()
+    lowered = _lower_this_thread(nice)
+    if lowered is None:
+        yield False
+        return
+    tid, base = lowered
+    lock = threading.Lock()
+    restored: list[bool] = []
+
+    def restore() -> None:
+        with lock:
+            if restored:
+                return
+            restored.append(True)
+            for task in sorted(_task_ids() - before):
+                try:
+                    if os.getpriority(os.PRIO_PROCESS, task) > base:
+                        os.setpriority(os.PRIO_PROCESS, task, base)
+                except OSError:  # it ended meanwhile
+                    continue
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, base)
+            except OSError as exc:
+                logger.warning("MODELYARD_LOAD_NICE: the loading thread could not go back to nice %d: %s", base, exc)
+
+    deadline = threading.Timer(seconds, restore) if seconds > 0 else None
+    if deadline is not None:
+        deadline.daemon = True
+        deadline.start()
+    try:
+        yield True
+    finally:
+        if deadline is not None:
+            deadline.cancel()
+        restore()
 
 
 def host_notice() -> str:

@@ -28,6 +28,10 @@ class VersionStats:
     __slots__ = (
         "batches",
         "busy_ns",
+        "cache_hit_count",
+        "cache_hit_ns",
+        "cache_miss_count",
+        "cache_miss_ns",
         "compute_infer_ns",
         "compute_input_ns",
         "compute_output_ns",
@@ -49,6 +53,12 @@ class VersionStats:
         self.fail_count = 0
         self.fail_ns = 0
         self.last_inference_ms = 0
+        # The response cache (``inference/response_cache.py``), as Triton counts its own: a hit's time is its
+        # lookup, a miss's its lookup and the insertion of the answer.
+        self.cache_hit_count = 0
+        self.cache_hit_ns = 0
+        self.cache_miss_count = 0
+        self.cache_miss_ns = 0
         # Written on the version's ONNX Runtime thread.
         self.computed = 0  # requests whose run finished (the count of queue and compute_*)
         self.queue_ns = 0
@@ -67,6 +77,20 @@ class VersionStats:
         self.success_count += 1
         self.success_ns += time.monotonic_ns() - started_ns
         self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def cache_hit(self, started_ns: int) -> None:
+        """On the event loop: a request answered from the response cache (a success, with no run)."""
+        now = time.monotonic_ns()
+        self.cache_hit_count += 1
+        self.cache_hit_ns += now - started_ns
+        self.success_count += 1
+        self.success_ns += now - started_ns
+        self.last_inference_ms = time.time_ns() // 1_000_000
+
+    def cache_miss(self, ns: int) -> None:
+        """On the event loop: a request the response cache could not answer; ``ns``: its lookup and insertion."""
+        self.cache_miss_count += 1
+        self.cache_miss_ns += ns
 
     def request_failed(self, started_ns: int) -> None:
         """On the event loop: a request reached the version and got no outputs (queue full, timed out, run failed)."""
@@ -116,8 +140,8 @@ class VersionStats:
                 "compute_input": _duration(computed, self.compute_input_ns),
                 "compute_infer": _duration(computed, self.compute_infer_ns),
                 "compute_output": _duration(computed, self.compute_output_ns),
-                "cache_hit": _duration(0, 0),
-                "cache_miss": _duration(0, 0),
+                "cache_hit": _duration(self.cache_hit_count, self.cache_hit_ns),
+                "cache_miss": _duration(self.cache_miss_count, self.cache_miss_ns),
             },
             "batch_stats": [
                 {

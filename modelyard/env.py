@@ -167,6 +167,16 @@ def cache_from_url(name: str, url: str | None) -> dict[str, dict[str, object]]:
     }
 
 
+def redis_url(name: str, url: str | None) -> str | None:
+    """``url`` (read from ``name``) if a ``redis://``, ``rediss://`` or ``unix://`` URL; None when unset."""
+    if not url:
+        return None
+    scheme = urlsplit(url).scheme
+    if scheme not in {"redis", "rediss", "unix"}:
+        raise ImproperlyConfigured(f"{name}: expected a redis://, rediss:// or unix:// URL, got scheme {scheme!r}")
+    return url
+
+
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 

@@ -30,6 +30,7 @@ from modelyard.env import (
     env_str,
     load_or_create_secret,
     parse_rate,
+    redis_url,
     storage_from_url,
 )
 
@@ -346,6 +347,15 @@ _cache_url = env_str("MODELYARD_CACHE_URL") or (
 )
 CACHES = cache_from_url("MODELYARD_CACHE_URL", _cache_url)
 
+# --- Response cache --------------------------------------------------------------------------
+# Aliases opt in (``cache`` on the alias). Entries live in each inference process's memory, bounded by
+# the alias's max_bytes, or in this Redis, shared by the fleet (Redis's own maxmemory bounds it).
+RESPONSE_CACHE_REDIS_URL = redis_url(
+    "MODELYARD_RESPONSE_CACHE_REDIS_URL", env_str("MODELYARD_RESPONSE_CACHE_REDIS_URL")
+)
+# An answer larger than this (or than a quarter of the alias's max_bytes) is not cached.
+RESPONSE_CACHE_MAX_ENTRY_BYTES = env_int("MODELYARD_RESPONSE_CACHE_MAX_ENTRY_BYTES", 4 * 1024 * 1024, minimum=1)
+
 # --- Health ----------------------------------------------------------------------------------
 # /readyz waits this long for each of the database, storage and broker checks (they run side by side).
 READY_TIMEOUT_SECONDS = env_float("MODELYARD_READY_TIMEOUT_SECONDS", 2.0, minimum=0.05)
@@ -436,6 +446,19 @@ ORT_INTRA_OP_THREADS = env_int("MODELYARD_ORT_INTRA_OP_THREADS", 0, minimum=0)
 ORT_INTER_OP_THREADS = env_int("MODELYARD_ORT_INTER_OP_THREADS", 0, minimum=0)
 ORT_SPINNING = env_bool("MODELYARD_ORT_SPINNING", True)
 ORT_GRAPH_OPTIMIZATION = env_choice("MODELYARD_ORT_GRAPH_OPTIMIZATION", "all", ("disable", "basic", "extended", "all"))
+# ONNX Runtime's optimised graph of each version, saved on its first load beside the artifact cache and
+# loaded by later loads (and the host's other processes) without optimising again; 0 turns it off.
+# Off by default until a quiet-machine run of bench/swap.py shows the gain (docs/inference/index.md).
+ORT_OPTIMIZED_CACHE_MAX_BYTES = env_int("MODELYARD_ORT_OPTIMIZED_CACHE_MAX_BYTES", 0, minimum=0)
+# How much lower than serving a load runs (the nice value added to the loading thread, 0 to 19): hashing,
+# the session build and the warm-up give way to the requests being served; 0 turns it off.
+LOAD_NICE = env_int("MODELYARD_LOAD_NICE", 0, minimum=0)  # off by default, as above
+# ...for at most this long: then the load goes on at the serving priority, so that it ends (0: no limit).
+LOAD_NICE_SECONDS = env_float("MODELYARD_LOAD_NICE_SECONDS", 1.0, minimum=0)
+if LOAD_NICE > 19:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(f"MODELYARD_LOAD_NICE: must be at most 19, got {LOAD_NICE}")
 INFERENCE_PUBLIC = env_bool("MODELYARD_INFERENCE_PUBLIC", False)
 # /metrics needs a token with the inference or admin role unless this is set.
 METRICS_PUBLIC = env_bool("MODELYARD_METRICS_PUBLIC", False)

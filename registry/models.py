@@ -508,6 +508,10 @@ class Alias(models.Model):
     # version, a signed derivation from such a parent), by one of ``trusted_signers`` when any are named.
     require_signature = models.BooleanField(default=False)
     trusted_signers = models.JSONField(default=list, blank=True)
+    # The response cache (``inference/response_cache.py``), opt-in: both set, or neither (off). Its entries
+    # are keyed by the served version's digests, so a move never answers from the old version's.
+    cache_max_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    cache_ttl_seconds = models.PositiveIntegerField(null=True, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -516,6 +520,13 @@ class Alias(models.Model):
 
     def __str__(self) -> str:
         return f"{self.model.name}@{self.name}"
+
+    @property
+    def cache(self) -> dict[str, int] | None:
+        """The response cache's setting, as the API shows it; None when off."""
+        if self.cache_max_bytes is None or self.cache_ttl_seconds is None:
+            return None
+        return {"max_bytes": self.cache_max_bytes, "ttl_seconds": self.cache_ttl_seconds}
 
 
 class PromotionState(models.TextChoices):

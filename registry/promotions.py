@@ -349,6 +349,42 @@ def alias_set_provenance(
     return alias
 
 
+# The response cache's bounds (``inference/response_cache.py``): at least a KiB, at most a TiB, for a second to a week.
+CACHE_MIN_BYTES = 1024
+CACHE_MAX_BYTES = 2**40
+CACHE_MAX_TTL_SECONDS = 7 * 24 * 3600
+
+
+def cache_setting_problem(max_bytes: int, ttl_seconds: int) -> str:
+    """Why a response cache setting is refused; empty when it is fine."""
+    if not CACHE_MIN_BYTES <= max_bytes <= CACHE_MAX_BYTES:
+        return f"cache max_bytes must be between {CACHE_MIN_BYTES} and {CACHE_MAX_BYTES}, not {max_bytes}"
+    if not 1 <= ttl_seconds <= CACHE_MAX_TTL_SECONDS:
+        return f"cache ttl_seconds must be between 1 and {CACHE_MAX_TTL_SECONDS}, not {ttl_seconds}"
+    return ""
+
+
+@transaction.atomic(durable=True)
+def alias_set_cache(
+    *, model: RegisteredModel, alias_name: str, actor: Actor, max_bytes: int | None, ttl_seconds: int | None
+) -> Alias:
+    """Turn the alias's response cache on (both bounds) or off (neither); admins only, audited.
+
+    The inference processes take it on their next reconcile pass, woken by the alias-change notice.
+    """
+    if (max_bytes is None) != (ttl_seconds is None):
+        raise InvalidInput("send the cache's max_bytes and ttl_seconds together, or null to turn it off")
+    if max_bytes is not None and ttl_seconds is not None and (problem := cache_setting_problem(max_bytes, ttl_seconds)):
+        raise InvalidInput(problem)
+    alias = _admin_locked_alias(model, alias_name, actor, "response cache")
+    before = alias.cache
+    alias.cache_max_bytes, alias.cache_ttl_seconds = max_bytes, ttl_seconds
+    alias.save(update_fields=["cache_max_bytes", "cache_ttl_seconds", "updated_at"])
+    _audit_alias_setting(actor, "alias.cache", alias, before, alias.cache)
+    _notify_after_commit(alias)
+    return alias
+
+
 @transaction.atomic(durable=True)
 def alias_set(
     *, model: RegisteredModel, alias_name: str, version_number: int, actor: Actor, reason: str = "", force: bool = False

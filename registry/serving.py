@@ -69,6 +69,8 @@ __all__ = [
     "TRAFFIC_BUCKETS",
     "TRAFFIC_BUCKET_SECONDS",
     "BenchmarkJob",
+    "CacheSpec",
+    "CacheTotals",
     "DesiredState",
     "DeviceRow",
     "FleetWorker",
@@ -197,6 +199,14 @@ class SplitSpec:
 
 
 @dataclass(frozen=True)
+class CacheSpec:
+    """An alias's response cache (``Alias.cache_max_bytes``, ``cache_ttl_seconds``): on when it is in the state."""
+
+    max_bytes: int
+    ttl_seconds: int
+
+
+@dataclass(frozen=True)
 class DesiredState:
     """Every version a served alias points to or shadows, and the routes to them."""
 
@@ -207,6 +217,8 @@ class DesiredState:
     shadows: Mapping[str, Mapping[str, ShadowSpec]] = field(default_factory=dict)
     # model name -> alias name -> the rollout splitting that alias's requests; its version is in ``versions``
     splits: Mapping[str, Mapping[str, SplitSpec]] = field(default_factory=dict)
+    # model name -> alias name -> its response cache, for the served aliases that opted in
+    caches: Mapping[str, Mapping[str, CacheSpec]] = field(default_factory=dict)
 
 
 def _version_spec(model: RegisteredModel, version: ModelVersion) -> VersionSpec:
@@ -240,11 +252,16 @@ def desired_state() -> DesiredState:
     )
     versions: dict[int, VersionSpec] = {}
     routes: dict[str, dict[str, int]] = {}
+    caches: dict[str, dict[str, CacheSpec]] = {}
     for alias in aliases:
         version = alias.version
         assert version is not None
         versions[version.pk] = _version_spec(alias.model, version)
         routes.setdefault(alias.model.name, {})[alias.name] = version.pk
+        if alias.cache_max_bytes is not None and alias.cache_ttl_seconds is not None:
+            caches.setdefault(alias.model.name, {})[alias.name] = CacheSpec(
+                alias.cache_max_bytes, alias.cache_ttl_seconds
+            )
     shadows: dict[str, dict[str, ShadowSpec]] = {}
     running = (
         AliasShadow.objects.filter(
@@ -285,7 +302,7 @@ def desired_state() -> DesiredState:
         splits.setdefault(model.name, {})[rollout.alias.name] = SplitSpec(
             rollout.pk, rollout.version_id, rollout.percent
         )
-    return DesiredState(versions=versions, routes=routes, shadows=shadows, splits=splits)
+    return DesiredState(versions=versions, routes=routes, shadows=shadows, splits=splits, caches=caches)
 
 
 # --- The worker report -----------------------------------------------------------------------------
@@ -393,6 +410,37 @@ class TrafficBucket:
 
 
 @dataclass(frozen=True)
+class CacheTotals:
+    """One loaded version's response cache counts in one process, since it loaded."""
+
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+    bytes: int = 0  # in use in this process's memory (0 with Redis)
+
+    @property
+    def lookups(self) -> int:
+        return self.hits + self.misses
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Hits over lookups; None before any lookup."""
+        return self.hits / self.lookups if self.lookups else None
+
+    def as_json(self) -> dict[str, int]:
+        return {"hits": self.hits, "misses": self.misses, "evictions": self.evictions, "bytes": self.bytes}
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> CacheTotals:
+        return cls(
+            hits=int(row.get("hits", 0)),
+            misses=int(row.get("misses", 0)),
+            evictions=int(row.get("evictions", 0)),
+            bytes=int(row.get("bytes", 0)),
+        )
+
+
+@dataclass(frozen=True)
 class LoadedRow:
     """One version in one worker's report: its state, the aliases it serves, and how its load went."""
 
@@ -416,9 +464,11 @@ class LoadedRow:
     # The aliases whose share of requests this version answers in a rollout: alias -> percent
     splits: Mapping[str, int] = field(default_factory=dict)
     shadows: tuple[str, ...] = ()  # the aliases whose requests it answers on the side, as a shadow
+    # Its response cache's counts since it loaded (``inference/response_cache.py``); None when no alias caches it.
+    cache: CacheTotals | None = field(default=None, compare=False)
 
     def as_json(self) -> dict[str, Any]:
-        return {
+        row: dict[str, Any] = {
             "model": self.model,
             "version": self.version,
             "aliases": list(self.aliases),
@@ -437,6 +487,9 @@ class LoadedRow:
             "splits": dict(self.splits),
             "shadows": list(self.shadows),
         }
+        if self.cache is not None:  # only where a caching alias reached the version
+            row["cache"] = self.cache.as_json()
+        return row
 
     @classmethod
     def from_json(cls, row: Mapping[str, Any]) -> LoadedRow:
@@ -458,6 +511,7 @@ class LoadedRow:
             totals=TrafficTotals.from_json(row.get("totals")),
             splits=dict(row.get("splits") or {}),
             shadows=tuple(row.get("shadows", ())),
+            cache=CacheTotals.from_json(row["cache"]) if row.get("cache") else None,
         )
 
 

@@ -149,6 +149,8 @@ def decode_infer_request(message: pb.ModelInferRequest, signature: dict[str, Any
 def encode_infer_response(result: InferResult, request: InferRequest) -> pb.ModelInferResponse:
     """The outputs the request asked for, in its order: raw when its inputs were raw (or an output is FP16)."""
     response = pb.ModelInferResponse(model_name=result.model, model_version=result.version, id=request.id or "")
+    if result.cached is not None:
+        response.parameters["cached"].bool_param = result.cached
     arrays = [(name, result.outputs[name]) for name in request.outputs]
     datatypes = [output_datatype(array) for _, array in arrays]
     raw = bool(request.binary_outputs) or "FP16" in datatypes

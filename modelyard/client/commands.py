@@ -675,7 +675,19 @@ def _alias_line(name: str, alias: Alias) -> str:
         signature = f"requires a signature by {', '.join(alias.trusted_signers) or 'any trusted signer'}"
     flags = ", ".join(["protected" if alias.protected else "not protected", "served" if alias.served else "not served"])
     version = alias.version if alias.version is not None else "none"
-    return f"'{alias.alias}' of '{name}': version {version}; {flags}; {signature}."
+    cache = ""
+    if alias.cache:
+        cache = f"; caches responses ({alias.cache['max_bytes']} bytes, {alias.cache['ttl_seconds']} s)"
+    return f"'{alias.alias}' of '{name}': version {version}; {flags}; {signature}{cache}."
+
+
+def _cache_setting(text: str) -> dict[str, int]:
+    """``--cache BYTES:SECONDS``: the response cache's bound and TTL."""
+    size, _, ttl = text.partition(":")
+    try:
+        return {"max_bytes": int(size), "ttl_seconds": int(ttl)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected BYTES:SECONDS, e.g. 67108864:300, not {text!r}") from None
 
 
 def cmd_alias(args: argparse.Namespace, client: Client) -> int:
@@ -686,6 +698,10 @@ def cmd_alias(args: argparse.Namespace, client: Client) -> int:
         changes["trusted_signers"] = args.trusted_signer
     elif args.any_signer:
         changes["trusted_signers"] = []
+    if args.cache is not None:
+        changes["cache"] = args.cache
+    elif args.no_cache:
+        changes["cache"] = None
     alias = (
         client.update_alias(args.name, args.alias, **changes) if changes else client.get_alias(args.name, args.alias)
     )
@@ -1568,7 +1584,9 @@ def add_commands(sub: Any) -> None:
     p.set_defaults(func=_verify_runner)
 
     p = command(
-        "alias", cmd_alias, "an alias's settings; admins set whether it requires an uploader's signature, and whose"
+        "alias",
+        cmd_alias,
+        "an alias's settings; admins set the signature it requires (and whose), and its response cache",
     )
     p.add_argument("name")
     p.add_argument("alias")
@@ -1587,6 +1605,15 @@ def add_commands(sub: Any) -> None:
         help="accept only this signer of MODELYARD_TRUSTED_SIGNERS (repeatable; implies --require-signature)",
     )
     signers.add_argument("--any-signer", action="store_true", help="accept any trusted signer again")
+    caching = p.add_mutually_exclusive_group()
+    caching.add_argument(
+        "--cache",
+        type=_cache_setting,
+        default=None,
+        metavar="BYTES:SECONDS",
+        help="answer repeated requests from a response cache of BYTES per inference process, each kept SECONDS",
+    )
+    caching.add_argument("--no-cache", action="store_true", help="turn the alias's response cache off")
 
     shadow = sub.add_parser(
         "shadow",

@@ -83,6 +83,7 @@ class Alias(_Record):
     served: bool = False
     require_signature: bool = False  # only a version its uploader signed (or derived from one) can be set
     trusted_signers: list[str] = field(default_factory=list)  # by these signers only; empty: any trusted one
+    cache: dict[str, int] | None = None  # the response cache: {"max_bytes", "ttl_seconds"}; None when off
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
 

@@ -29,6 +29,8 @@ class AliasSerializer(serializers.ModelSerializer[Alias]):
     version = serializers.IntegerField(source="version.version", default=None)
     # Whether a version needs an uploader's signature to be set here, and by whom (empty: any trusted signer).
     trusted_signers = serializers.ListField(child=serializers.CharField())
+    # The response cache: {"max_bytes", "ttl_seconds"}, or null when off.
+    cache = serializers.JSONField(read_only=True, allow_null=True)
 
     class Meta:
         model = Alias
@@ -42,6 +44,7 @@ class AliasSerializer(serializers.ModelSerializer[Alias]):
             "max_abs_diff",
             "require_signature",
             "trusted_signers",
+            "cache",
             "updated_at",
         ]
 
@@ -119,6 +122,11 @@ class AliasSetInput(serializers.Serializer[Any]):
     force = serializers.BooleanField(required=False, default=False)
 
 
+class CacheInput(serializers.Serializer[Any]):
+    max_bytes = serializers.IntegerField(min_value=promotions.CACHE_MIN_BYTES, max_value=promotions.CACHE_MAX_BYTES)
+    ttl_seconds = serializers.IntegerField(min_value=1, max_value=promotions.CACHE_MAX_TTL_SECONDS)
+
+
 class AliasFlagsInput(serializers.Serializer[Any]):
     protected = serializers.BooleanField(required=False)
     served = serializers.BooleanField(required=False)
@@ -130,6 +138,8 @@ class AliasFlagsInput(serializers.Serializer[Any]):
     # one; an empty list (or one empty form field) is any trusted signer.
     require_signature = serializers.BooleanField(required=False)
     trusted_signers = FormListField(child=serializers.CharField(max_length=150), required=False, max_length=100)
+    # The response cache (admins): both bounds turn it on, null turns it off.
+    cache = CacheInput(required=False, allow_null=True)
     reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
 
 
@@ -232,15 +242,15 @@ class AliasDetail(APIView):
         fields = dict(data.validated_data)
         policy = {name: fields.pop(name) for name in promotions.POLICY_FIELDS if name in fields}
         signature = {name: fields.pop(name) for name in PROVENANCE_FIELDS if name in fields}
-        if policy or signature:
+        cache = {"cache": fields.pop("cache")} if "cache" in fields else {}
+        if policy or signature or cache:
             if "protected" in fields or "served" in fields:
                 raise InvalidInput(
-                    "send the policy (max_slowdown_percent, min_cosine, max_abs_diff) and the signature requirement "
-                    "(require_signature, trusted_signers) without protected or served"
+                    "send the policy (max_slowdown_percent, min_cosine, max_abs_diff), the signature requirement "
+                    "(require_signature, trusted_signers) and the cache without protected or served"
                 )
-            return Response(
-                AliasSerializer(_set_settings(model, _slug(alias, "alias name"), request, policy, signature)).data
-            )
+            changed = _set_settings(model, _slug(alias, "alias name"), request, policy, signature, cache)
+            return Response(AliasSerializer(changed).data)
         outcome = promotions.alias_update_flags(
             model=model, alias_name=_slug(alias, "alias name"), actor=actor_from_request(request), **fields
         )
@@ -264,16 +274,31 @@ class AliasDetail(APIView):
 
 
 def _set_settings(
-    model: RegisteredModel, alias: str, request: Request, policy: dict[str, Any], signature: dict[str, Any]
+    model: RegisteredModel,
+    alias: str,
+    request: Request,
+    policy: dict[str, Any],
+    signature: dict[str, Any],
+    cache: dict[str, Any],
 ) -> Alias:
     """The admin's settings of an alias: its signature requirement first, since only it refuses a value it
-    was sent (an unknown signer), then its policy; each service checks the admin role and audits."""
+    was sent (an unknown signer), then its policy, then its response cache; each service checks the admin
+    role and audits."""
     actor = actor_from_request(request)
     changed = None
     if signature:
         changed = promotions.alias_set_provenance(model=model, alias_name=alias, actor=actor, **signature)
     if policy:
         changed = promotions.alias_set_policy(model=model, alias_name=alias, actor=actor, changes=policy)
+    if cache:
+        bounds = cache["cache"] or {}
+        changed = promotions.alias_set_cache(
+            model=model,
+            alias_name=alias,
+            actor=actor,
+            max_bytes=bounds.get("max_bytes"),
+            ttl_seconds=bounds.get("ttl_seconds"),
+        )
     assert changed is not None
     return changed
 

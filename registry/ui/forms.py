@@ -96,6 +96,13 @@ class AliasSignatureForm(UiForm):
     trusted_signers = NamesField(required=False, max_length=4000)
 
 
+class AliasCacheForm(UiForm):
+    """An alias's response cache: both bounds turn it on, both empty turn it off (their ranges are the service's)."""
+
+    max_bytes = forms.IntegerField(required=False)
+    ttl_seconds = forms.IntegerField(required=False)
+
+
 # What an empty Sample box stands for: the API's default (``registry/api/shadow_views.py``).
 SHADOW_DEFAULT_SAMPLE = 0.1
 

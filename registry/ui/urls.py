@@ -39,6 +39,7 @@ urlpatterns = [
     path("models/<str:name>/promote", ui_views.promotion_request, name="promote"),
     path("models/<str:name>/aliases/<str:alias>/rollback", ui_views.alias_rollback, name="alias-rollback"),
     path("models/<str:name>/aliases/<str:alias>/signature", ui_views.alias_signature, name="alias-signature"),
+    path("models/<str:name>/aliases/<str:alias>/cache", ui_views.alias_cache, name="alias-cache"),
     path("models/<str:name>/aliases/<str:alias>/shadow", ui_views.alias_shadow_start, name="alias-shadow"),
     path("models/<str:name>/aliases/<str:alias>/shadow/stop", ui_views.alias_shadow_stop, name="alias-shadow-stop"),
     path("models/<str:name>/aliases/<str:alias>/rollout", ui_views.alias_rollout_start, name="alias-rollout"),

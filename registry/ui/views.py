@@ -74,6 +74,7 @@ from registry.shadow import services as shadows
 from registry.ui.charts import traffic_charts
 from registry.ui.errors import error_page
 from registry.ui.forms import (
+    AliasCacheForm,
     AliasSignatureForm,
     ModelBatchingForm,
     ModelCreateForm,
@@ -350,6 +351,36 @@ def alias_signature(request: HttpRequest, name: str, alias: str) -> HttpResponse
     else:
         by = ", ".join(changed.trusted_signers) if changed.trusted_signers else "any trusted signer"
         messages.success(request, f"'{alias}' now requires a signature by {by}.")
+    return redirect("ui:model", name=model.name)
+
+
+@login_required
+@require_POST
+def alias_cache(request: HttpRequest, name: str, alias: str) -> HttpResponse:
+    """POST: the alias's response cache, its bytes and TTL, or off with both empty (admins)."""
+    model = get_object_or_404(RegisteredModel, name=name)
+    get_object_or_404(Alias, model=model, name=alias)
+    form = AliasCacheForm(request.POST)
+    try:
+        if not form.is_valid():
+            raise form_refusal(form)
+        changed = promotions.alias_set_cache(
+            model=model,
+            alias_name=alias,
+            actor=actor_from_request(request),
+            max_bytes=form.cleaned_data["max_bytes"],
+            ttl_seconds=form.cleaned_data["ttl_seconds"],
+        )
+    except RegistryError as exc:
+        return _model_detail(request, model, error=exc.message, status=refusal(request, exc))
+    if changed.cache is None:
+        messages.success(request, f"'{alias}' caches no responses.")
+    else:
+        messages.success(
+            request,
+            f"'{alias}' caches responses: up to {changed.cache_max_bytes} bytes per process, "
+            f"each for {changed.cache_ttl_seconds} s.",
+        )
     return redirect("ui:model", name=model.name)
 
 

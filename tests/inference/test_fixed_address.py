@@ -61,10 +61,10 @@ def test_a_graph_session_is_served_through_fixed_buffers_one_batch_at_a_time(
     real = loader.build_session
     asked: list[bool] = []
 
-    def as_if_captured(path, *, fixed_address_io=False, spinning=None):
+    def as_if_captured(path, *, fixed_address_io=False, spinning=None, **saved_graph):
         # What build_session returns on a GPU with MODELYARD_CUDA_GRAPHS for a fixed-shape model.
         asked.append(fixed_address_io)
-        built = real(path, fixed_address_io=fixed_address_io, spinning=spinning)
+        built = real(path, fixed_address_io=fixed_address_io, spinning=spinning, **saved_graph)
         built.graphs = fixed_address_io
         return built
 

@@ -49,6 +49,7 @@ def test_new_model_has_protected_served_production_alias(owner, registered):
         "max_abs_diff": None,
         "require_signature": False,
         "trusted_signers": [],
+        "cache": None,
     }
 
 

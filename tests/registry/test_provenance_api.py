@@ -188,8 +188,8 @@ def test_bad_signature_settings_are_400(admin, registered, ml_team):
     with_flags = admin.patch(STAGING, {"require_signature": True, "served": True})
     assert with_flags.status_code == 400
     assert with_flags.json()["error"] == (
-        "send the policy (max_slowdown_percent, min_cosine, max_abs_diff) and the signature requirement "
-        "(require_signature, trusted_signers) without protected or served"
+        "send the policy (max_slowdown_percent, min_cosine, max_abs_diff), the signature requirement "
+        "(require_signature, trusted_signers) and the cache without protected or served"
     )
     assert not Alias.objects.filter(name="staging").exists()
 

@@ -149,6 +149,7 @@ POST_ONLY = {
     "ui:model-batching",
     "ui:alias-rollback",
     "ui:alias-signature",
+    "ui:alias-cache",
     "ui:alias-shadow",
     "ui:alias-shadow-stop",
     "ui:alias-rollout",
@@ -223,6 +224,13 @@ def _signature_not_required(world: World, response: Any) -> None:
     staging = world.read(f"/api/v1/models/{MODEL}/aliases/staging")
     assert (staging["require_signature"], staging["trusted_signers"]) == (False, [])
     (event,) = world.read("/api/v1/audit?action=alias.provenance")["results"]
+    assert (event["actor"], event["target"]) == ("root", f"{MODEL}@staging")
+
+
+def _cache_off(world: World, response: Any) -> None:
+    """Both boxes empty: the alias caches nothing; audited all the same."""
+    assert world.read(f"/api/v1/models/{MODEL}/aliases/staging")["cache"] is None
+    (event,) = world.read("/api/v1/audit?action=alias.cache")["results"]
     assert (event["actor"], event["target"]) == ("root", f"{MODEL}@staging")
 
 
@@ -406,6 +414,14 @@ FORMS: dict[str, Submit] = {
         "root",
         302,
         _signature_not_required,
+        f"/ui/models/{MODEL}",
+        copy=lambda w: "/aliases/staging/",
+    ),
+    "ui:alias-cache": Submit(
+        "ui:model",
+        "root",
+        302,
+        _cache_off,
         f"/ui/models/{MODEL}",
         copy=lambda w: "/aliases/staging/",
     ),
