@@ -426,15 +426,8 @@ def user_invite(*, username: str, roles: Sequence[str] = (), password: str | Non
     """
     _require_admin(actor, "inviting a user")
     User = get_user_model()
-    username = User.normalize_username(username.strip())
-    try:
-        User.username_validator(username)
-    except ValidationError as exc:
-        raise InvalidInput(f"username: {' '.join(exc.messages)}") from exc
-    if not username or len(username) > 150:
-        raise InvalidInput("username: use 1-150 characters")
+    username = _checked_new_username(username)
     chosen = _checked_roles(roles)
-    _check_new_username(username)
     user = User(username=username)
     if password:
         try:
