@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 from registry.models import Role
 from tests.support.people import Person, login_person
 from tests.support.signing import KeyPair, key_pair
+from tests.support.webhooks import Receiver, webhook_receiver
 
 
 @pytest.fixture
@@ -34,3 +36,20 @@ def ana() -> Person:
 @pytest.fixture
 def vic() -> Person:
     return login_person("vic", Role.VIEWER)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    """A webhook endpoint on 127.0.0.1 that records what it is sent."""
+    with webhook_receiver() as found:
+        yield found
+
+
+@pytest.fixture
+def queued(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Deliveries stay in the table instead of going to the delivery thread; each test sends them itself."""
+    from registry.webhooks import services as webhooks
+
+    ids: list[int] = []
+    monkeypatch.setattr(webhooks, "deliveries_queue", lambda new: ids.extend(new))
+    return ids

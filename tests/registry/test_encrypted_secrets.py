@@ -25,7 +25,6 @@ from modelyard import crypto
 from registry.models import AuditEvent, DeliveryStatus, RegisteredModel, Role, Webhook, WebhookDelivery, WebhookEvent
 from registry.webhooks import services as webhooks
 from tests.support.people import make_person
-from tests.support.webhooks import webhook_receiver
 
 SECRET = "the-webhook-secret-nobody-may-read-7f3a9c"
 OLD, NEW = Fernet.generate_key().decode(), Fernet.generate_key().decode()
@@ -39,20 +38,6 @@ def _private_allowed(settings):
 @pytest.fixture
 def admin(db):
     return make_person("root", Role.ADMIN)
-
-
-@pytest.fixture
-def receiver():
-    with webhook_receiver() as found:
-        yield found
-
-
-@pytest.fixture
-def queued(monkeypatch):
-    """Deliveries stay in the table; the test sends them itself."""
-    ids: list[int] = []
-    monkeypatch.setattr(webhooks, "deliveries_queue", lambda new: ids.extend(new))
-    return ids
 
 
 def raw_secret(pk: int) -> str:

@@ -29,20 +29,6 @@ def _private_allowed(settings):
     settings.WEBHOOK_ALLOW_PRIVATE = True  # the receiver listens on 127.0.0.1
 
 
-@pytest.fixture
-def receiver():
-    with webhook_receiver() as found:
-        yield found
-
-
-@pytest.fixture
-def queued(monkeypatch):
-    """Deliveries stay in the table instead of going to the delivery thread; each test sends them on its own thread."""
-    ids: list[int] = []
-    monkeypatch.setattr(webhooks, "deliveries_queue", lambda new: ids.extend(new))
-    return ids
-
-
 def hook_for(person, receiver, events=tuple(WebhookEvent.values), **kwargs) -> Webhook:
     hook, _ = webhooks.webhook_create(
         url=receiver.url, events=list(events), secret=SECRET, actor=person.actor, **kwargs
