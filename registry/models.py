@@ -326,6 +326,14 @@ class VersionSignature(models.Model):
         return f"{self.version} {self.kind} by {self.signer}"
 
 
+class PriorityClass(models.TextChoices):
+    """A token's priority class on the data plane (``inference/batcher.py`` orders by it first)."""
+
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+
 class ApiToken(models.Model):
     """A bearer token for the API; only its sha256 is stored."""
 
@@ -345,6 +353,9 @@ class ApiToken(models.Model):
     model_patterns = models.JSONField(default=list, blank=True)
     # The token this one replaced by rotation (which then expires after an overlap), if any.
     rotated_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The batcher's order on /v2 and gRPC: a high token's requests go before normal ones, normal before
+    # low, and every class before asynchronous inference jobs. Set only by an admin, and audited.
+    priority = models.CharField(max_length=8, choices=PriorityClass.choices, default=PriorityClass.NORMAL)
 
     def __str__(self) -> str:
         return f"token {self.prefix} of {self.user}"
@@ -975,3 +986,88 @@ class OidcIdentity(models.Model):
 
     def __str__(self) -> str:
         return f"{self.subject} at {self.issuer}"
+
+
+class InferenceJobState(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class InferenceJobKind(models.TextChoices):
+    BATCH = "batch"  # POST /api/v1/inference-jobs: many rows from a stored input file
+    REQUEST = "request"  # POST /api/v1/models/{m}/infer-async: one v2 request body
+
+
+class InferenceJobFormat(models.TextChoices):
+    NPZ = "npz"  # one array per model input, first dimension = rows
+    JSONL = "jsonl"  # one v2 request body ({"inputs": [...]}) per line
+    TEXT = "text"  # one text per line, for a model with a tokenizer
+    V2 = "v2"  # an infer-async request: the v2 JSON body itself
+
+
+class InferenceJob(models.Model):
+    """Asynchronous inference over stored inputs, run in chunks by the inference processes at the lowest priority.
+
+    The version is fixed when the job is accepted; a promotion meanwhile changes nothing in it.
+    ``registry/jobs/`` has the services, ``inference/jobs.py`` the runner.
+    """
+
+    public_id = models.CharField(max_length=32, unique=True)
+    kind = models.CharField(max_length=8, choices=InferenceJobKind.choices, default=InferenceJobKind.BATCH)
+    model = models.ForeignKey(RegisteredModel, on_delete=models.CASCADE, related_name="inference_jobs")
+    version = models.ForeignKey(ModelVersion, on_delete=models.CASCADE, related_name="inference_jobs")
+    ref = models.CharField(max_length=64, blank=True, default="")  # the alias or version number asked for
+    format = models.CharField(max_length=8, choices=InferenceJobFormat.choices)
+    state = models.CharField(
+        max_length=10, choices=InferenceJobState.choices, default=InferenceJobState.QUEUED, db_index=True
+    )
+    rows = models.PositiveBigIntegerField(null=True, blank=True)  # known once the input is split
+    rows_done = models.PositiveBigIntegerField(default=0)
+    errors = models.JSONField(default=list, blank=True)  # messages, at most a few dozen
+    input_key = models.CharField(max_length=512, blank=True, default="")
+    input_bytes = models.PositiveBigIntegerField(default=0)
+    input_sha256 = models.CharField(max_length=64, blank=True, default="")
+    result_key = models.CharField(max_length=512, blank=True, default="")
+    result_bytes = models.PositiveBigIntegerField(default=0)
+    parameters = models.JSONField(default=dict, blank=True)  # v2 request parameters applied to every row
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    token = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)  # an infer-async answer is kept until then
+
+    class Meta:
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["kind", "state"])]
+
+    def __str__(self) -> str:
+        return f"inference job {self.public_id} ({self.state})"
+
+
+class InferenceJobChunk(models.Model):
+    """Rows ``[start, stop)`` of a job: claimed by one inference process under a lease, retried when it lapses."""
+
+    job = models.ForeignKey(InferenceJob, on_delete=models.CASCADE, related_name="chunks")
+    index = models.PositiveIntegerField()
+    start = models.PositiveBigIntegerField()
+    stop = models.PositiveBigIntegerField()
+    state = models.CharField(max_length=10, choices=JobStatus.choices, default=JobStatus.PENDING)
+    attempts = models.PositiveIntegerField(default=0)
+    worker_id = models.CharField(max_length=128, blank=True, default="")
+    lease_until = models.DateTimeField(null=True, blank=True)
+    input_key = models.CharField(max_length=512)
+    output_key = models.CharField(max_length=512, blank=True, default="")
+    error = models.TextField(blank=True, default="")
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job_id", "index"]
+        constraints = [models.UniqueConstraint(fields=["job", "index"], name="unique_chunk_index")]
+        indexes = [models.Index(fields=["state", "lease_until"])]
+
+    def __str__(self) -> str:
+        return f"chunk {self.index} of job {self.job_id} ({self.state})"
