@@ -847,6 +847,7 @@ class WebhookEvent(models.TextChoices):
     ROLLOUT_ROLLED_BACK = "rollout.rolled_back"
     ROLLOUT_COMPLETED = "rollout.completed"
     ROLLOUT_ABORTED = "rollout.aborted"
+    INFERENCE_JOB_FINISHED = "inference_job.finished"  # succeeded, failed or cancelled
 
 
 class Webhook(models.Model):
