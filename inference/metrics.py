@@ -186,6 +186,43 @@ class CacheMetrics:
             pass
 
 
+JOB_ROWS = Counter(
+    "modelyard_inference_job_rows",
+    "Rows of asynchronous inference jobs computed by this server's processes, by model",
+    ["model"],
+    registry=exposition.REGISTRY,
+)
+JOB_CHUNK_RETRIES = Counter(
+    "modelyard_inference_job_chunk_retries",
+    "Inference job chunks taken again after their earlier attempt failed or its lease lapsed, by model",
+    ["model"],
+    registry=exposition.REGISTRY,
+)
+CLASS_QUEUE_DEPTH = Gauge(
+    "modelyard_priority_queue_depth",
+    "Requests waiting in the batchers by priority class (high, normal, low, job; summed over processes)",
+    ["priority"],
+    multiprocess_mode="livesum",
+    registry=exposition.REGISTRY,
+)
+
+
+def job_rows(model: str, rows: int) -> None:
+    """``rows`` more rows of an inference job of ``model`` computed here."""
+    JOB_ROWS.labels(model).inc(rows)
+
+
+def job_chunk_retry(model: str) -> None:
+    """A chunk of an inference job of ``model`` taken here for a second (or later) attempt."""
+    JOB_CHUNK_RETRIES.labels(model).inc()
+
+
+def class_queue_depths(depths: Mapping[str, int]) -> None:
+    """The requests waiting in this process's batchers, by class (``inference.batcher.CLASS_NAMES``)."""
+    for name, depth in depths.items():
+        CLASS_QUEUE_DEPTH.labels(name).set(depth)
+
+
 _unrouted: dict[str, VersionMetrics] = {}
 
 
