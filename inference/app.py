@@ -184,6 +184,7 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
         try:
             spec = admitted.loaded.spec
             decoded = decode_request(body, request.headers.get(HEADER_LENGTH), spec.signature, model=spec.model)
+            decoded.klass = admitted.klass
             result = await plane.infer(model, ref, decoded, client_gone=_client_gone(request), draw=admitted.draw)
         except InferenceError as exc:
             return error_response(exc)
@@ -230,6 +231,7 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
             return error_response(Unauthorised(METRICS_NEEDS_TOKEN))
         for loaded, queued in plane.queue_depths():  # this process's own, fresh; the others' as they last set them
             loaded.metrics.queue_depth(queued)
+        metrics.class_queue_depths(runtime.queued_by_class())
         payload, content_type = await asyncio.to_thread(metrics.render)
         return Response(payload, media_type=content_type)
 

@@ -9,8 +9,10 @@ waiting) runs on ``run`` instead, alone: the session with every core, so light t
 latency of one wide run while a busy queue gets the throughput of narrow runs side by side.
 
 A batch closes when it reaches ``max_batch_size`` or when its oldest request has waited
-``max_queue_delay``. Requests carry a priority (lower first, 0 = default) and an optional timeout,
-as in Triton; the queue is bounded and a full queue is refused at once. As in Triton, a request
+``max_queue_delay``. Requests carry a class (``CLASS_NAMES``: a token's priority class, then ``job`` for
+the chunks of asynchronous jobs, ``inference/jobs.py``), a priority within it (lower first, 0 = default)
+and an optional timeout, as in Triton; the queue is bounded and a full queue is refused at once. A job's
+request joins a batch of online ones only in the room they leave as it closes. As in Triton, a request
 waiting for its batch to fill still counts against ``max_queue_size``. ORT runs in a worker
 thread, so the event loop never blocks.
 
@@ -40,11 +42,24 @@ import numpy as np
 from inference.errors import Overloaded, RequestTimeout
 from inference.statistics import VersionStats
 
-__all__ = ["Batcher", "Overloaded", "RequestTimeout", "batch_key"]
+__all__ = [
+    "CLASS_HIGH",
+    "CLASS_JOB",
+    "CLASS_LOW",
+    "CLASS_NAMES",
+    "CLASS_NORMAL",
+    "Batcher",
+    "Overloaded",
+    "RequestTimeout",
+    "batch_key",
+]
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PRIORITY = 10
+# Priority classes, served strictly in this order; a request's ``priority`` orders it within its class.
+CLASS_NAMES = ("high", "normal", "low", "job")
+CLASS_HIGH, CLASS_NORMAL, CLASS_LOW, CLASS_JOB = 0, 1, 2, 3
 UNLOADED = "the model was unloaded"  # what a request that will not run hears once its version is unloaded
 MAX_INSTANCES = 16  # the registry's bound on a model's ``instances``; the worker threads are made as needed
 Arrays = dict[str, np.ndarray]
@@ -52,7 +67,7 @@ Arrays = dict[str, np.ndarray]
 
 @dataclass(order=True)
 class _Item:
-    order: tuple[int, int]
+    order: tuple[int, int, int]  # (class, priority, arrival): the heap's order
     key: tuple[Any, ...] = field(compare=False)
     feeds: Arrays = field(compare=False)
     rows: int = field(compare=False)
@@ -241,8 +256,26 @@ class Batcher:
     def closed(self) -> bool:
         return self._closed
 
-    def submit(self, feeds: Arrays, *, priority: int = 0, timeout_us: int | None = None) -> asyncio.Future[Arrays]:
-        """Queue one request; the future resolves to its outputs. Cancel the future to drop it."""
+    def queued_by_class(self) -> dict[str, int]:
+        """Requests waiting, counted as :attr:`queued` counts them, by class name; every class is named.
+
+        Safe from another thread (a scrape): the two lists are copied in one step each.
+        """
+        counts = dict.fromkeys(CLASS_NAMES, 0)
+        for item in (*self._queue, *self._filling):
+            counts[CLASS_NAMES[item.order[0]]] += 1
+        return counts
+
+    def submit(
+        self, feeds: Arrays, *, priority: int = 0, timeout_us: int | None = None, klass: int = CLASS_NORMAL
+    ) -> asyncio.Future[Arrays]:
+        """Queue one request; the future resolves to its outputs. Cancel the future to drop it.
+
+        ``klass`` (one of the ``CLASS_*``) comes before ``priority``: a queued request of a lower class
+        never runs while one of a higher class waits.
+        """
+        if not 0 <= klass < len(CLASS_NAMES):
+            raise ValueError(f"unknown priority class {klass}")
         if len(self._queue) + len(self._filling) >= self.max_queue_size:
             # Requests whose clients went away still sit in the heap (or the filling batch); they do not count.
             self._queue = [item for item in self._queue if not item.future.done()]
@@ -258,7 +291,7 @@ class Batcher:
         rows = batch_rows(feeds)
         seq = next(self._seq)
         item = _Item(
-            order=(priority or DEFAULT_PRIORITY, seq),
+            order=(klass, priority or DEFAULT_PRIORITY, seq),
             key=batch_key(feeds) if rows is not None else ("alone", seq),  # a key of its own: never merged
             feeds=feeds,
             rows=1 if rows is None else rows,
@@ -344,26 +377,38 @@ class Batcher:
             self._filling = []
 
     async def _fill(self, batch: list[_Item]) -> list[_Item]:
-        """Add matching requests to ``batch`` until it is full or its first request has waited its delay."""
+        """Add matching requests to ``batch`` until it is full or its first request has waited its delay.
+
+        The queue gives them in order (class, priority, arrival). A job's request joins a batch of online
+        ones only as it closes, in the room they left: it never takes the place of one arriving meanwhile.
+        """
         head = batch[0]
         rows = head.rows
         close_at = head.enqueued + self.max_delay
+        closing = deferred = False
         while rows < self.max_batch_size:
             keep: list[_Item] = []
             while self._queue and rows < self.max_batch_size:
                 item = heapq.heappop(self._queue)
                 if item.future.done():
                     continue
-                if item.key == head.key and rows + item.rows <= self.max_batch_size:
+                waits = item.order[0] == CLASS_JOB and head.order[0] != CLASS_JOB and not closing
+                if not waits and item.key == head.key and rows + item.rows <= self.max_batch_size:
                     batch.append(item)
                     rows += item.rows
                 else:
+                    deferred = deferred or waits
                     keep.append(item)
             for item in keep:
                 heapq.heappush(self._queue, item)
-            remaining = close_at - time.monotonic()
-            if rows >= self.max_batch_size or remaining <= 0:
+            if rows >= self.max_batch_size or closing:
                 break
+            remaining = close_at - time.monotonic()
+            if remaining <= 0:
+                if not deferred:
+                    break
+                closing = True  # one more pass: the job's requests set aside may fill the room left
+                continue
             self._arrived.clear()
             try:
                 await asyncio.wait_for(self._arrived.wait(), remaining)

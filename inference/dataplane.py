@@ -32,6 +32,7 @@ from django.conf import settings
 
 from inference import metrics
 from inference.auth import TokenCache, token_key
+from inference.batcher import CLASS_HIGH, CLASS_LOW, CLASS_NAMES, CLASS_NORMAL
 from inference.classification import classify
 from inference.errors import (
     ClientGone,
@@ -77,6 +78,7 @@ OUT_OF_MEMORY = "the server has not enough memory for this request now; retry la
 RELOADING = "the model is being reloaded; retry"
 # The repository index's states, as Triton names them, for each load state of the fleet report.
 REPOSITORY_STATES = {"ready": "READY", "loading": "LOADING", "failed": "UNAVAILABLE", "draining": "UNLOADING"}
+TOKEN_CLASSES = CLASS_NAMES[CLASS_HIGH : CLASS_LOW + 1]  # a token's priority classes, as the batcher names them
 ATTEMPTS = 3  # routes taken in turn when a version is swapped out between resolving and acquiring it
 
 _TRITON_TYPES = {"BYTES": "TYPE_STRING", "BOOL": "TYPE_BOOL"}
@@ -85,19 +87,28 @@ Call = TypeVar("Call")  # what a transport hands :meth:`DataPlane.admit`: an HTT
 
 
 class Admission:
-    """An inference request let in before its body was read: the version it routes to and its body limit.
+    """An inference request let in before its body was read: the version it routes to, its body limit and
+    its priority class (the token's; the transport copies it to the decoded request's ``klass``).
 
     It counts the request once, when the transport knows how it ended (:meth:`answered`), under that
     version's labels and the time since :meth:`DataPlane.admit` began.
     """
 
-    __slots__ = ("body_limit", "draw", "loaded", "started")
+    __slots__ = ("body_limit", "draw", "klass", "loaded", "started")
 
-    def __init__(self, loaded: LoadedVersion, body_limit: BodyLimit, started: float, draw: float | None = None) -> None:
+    def __init__(
+        self,
+        loaded: LoadedVersion,
+        body_limit: BodyLimit,
+        started: float,
+        draw: float | None = None,
+        klass: int = CLASS_NORMAL,
+    ) -> None:
         self.loaded = loaded
         self.body_limit = body_limit
         self.started = started
         self.draw = draw  # where the request falls in a rollout's split of its alias (None: no split)
+        self.klass = klass  # inference.batcher.CLASS_*: normal without a token (/v2 public)
 
     def answered(self, status: int) -> None:
         """Count the request as answered with the HTTP ``status`` (a gRPC call: the status of its outcome over REST)."""
@@ -140,6 +151,16 @@ def _judge(grant: TokenGrant, model: str | None = None) -> None:
         raise Forbidden(NEEDS_ROLE)
     if access is InferenceAccess.NO_MODEL and model is not None:
         raise Forbidden(grant.refusal(model))
+
+
+def priority_class(grant: TokenGrant) -> int:
+    """The batcher's class (``inference.batcher.CLASS_*``) for a token's priority class (high, normal, low).
+
+    Anything else, ``job`` included (the class of asynchronous jobs' chunks, never a token's), is normal.
+    """
+    if grant.priority in TOKEN_CLASSES:
+        return CLASS_NAMES.index(grant.priority)
+    return CLASS_NORMAL
 
 
 def routing_draw(key: str) -> float:
@@ -223,6 +244,7 @@ class DataPlane:
         :class:`OutOfMemory`.
         """
         started = time.perf_counter()
+        klass = CLASS_NORMAL
         try:
             if settings.INFERENCE_PUBLIC:
                 raw = ""
@@ -233,13 +255,14 @@ class DataPlane:
                 if grant is None:
                     grant = await anyio.to_thread.run_sync(self.tokens.check_grant, raw)
                 _judge(grant, model)
+                klass = priority_class(grant)
             if settings.V2_RATE is not None:  # the address costs a parse; only a rate limit needs it
                 self.throttle(token=raw, address=address(call))
             draw = None
             if self.runtime.router.split(model, ref) is not None:  # read the key only where it matters
                 draw = routing_draw(routing_key(call) if routing_key is not None else "")
             loaded = self.resolve(model, ref, draw)
-            return Admission(loaded, self.body_limit(loaded), started, draw)
+            return Admission(loaded, self.body_limit(loaded), started, draw, klass)
         except MemoryError:
             refusal = OutOfMemory(OUT_OF_MEMORY)
             self._refused(model, refusal, started)
@@ -512,8 +535,9 @@ class DataPlane:
         self.runtime.shadows.offer(shadow, loaded, request, None if values is None else dict(values), seconds, error)
 
     async def _shadow_run(self, loaded: LoadedVersion, request: InferRequest, priority: int) -> dict[str, np.ndarray]:
-        """Run a mirrored request on the shadow's candidate: the same path, behind the candidate's own requests."""
-        mirrored = dataclasses.replace(request, priority=priority, timeout_us=None)
+        """Run a mirrored request on the shadow's candidate: the same path, behind the candidate's own requests
+        (the lowest class a token has, whatever the mirrored request's, at the shadow's priority within it)."""
+        mirrored = dataclasses.replace(request, priority=priority, timeout_us=None, klass=CLASS_LOW)
         return await self._run(loaded, mirrored, None)
 
     async def _run(
@@ -546,7 +570,9 @@ class DataPlane:
     ) -> dict[str, np.ndarray]:
         """Submit to the version's batcher and wait for the outputs, or for the client to go away."""
         try:
-            future = loaded.batcher.submit(feeds, priority=request.priority, timeout_us=request.timeout_us)
+            future = loaded.batcher.submit(
+                feeds, priority=request.priority, timeout_us=request.timeout_us, klass=request.klass
+            )
         except Overloaded as exc:
             _discard(client_gone)
             raise Overloaded(f"model '{loaded.spec.model}' is overloaded: {exc}") from None

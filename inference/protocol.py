@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import orjson
 
+from inference.batcher import CLASS_NORMAL
 from inference.errors import BodyTooLarge, InvalidInput, UnsupportedEncoding
 from onnxkit.datatypes import NUMPY_OF
 from onnxkit.tokenizer import TEXT_INPUT, TOKENIZER_FILE
@@ -50,6 +51,9 @@ class InferRequest:
     priority: int = 0
     timeout_us: int | None = None
     classification: dict[str, int] = field(default_factory=dict)  # output name -> top N (the extension)
+    # The caller's priority class (``inference.batcher.CLASS_*``), ahead of ``priority`` in the batcher's
+    # order. Not on the wire: the transport sets it from the token's grant (``Admission.klass``).
+    klass: int = CLASS_NORMAL
 
 
 class InferResult(NamedTuple):

@@ -10,6 +10,7 @@ only the in-memory routing table (:class:`Router`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -24,8 +25,10 @@ from django.db import DatabaseError, close_old_connections, connection
 from django.utils import timezone
 
 from inference import metrics, telemetry
+from inference.batcher import CLASS_NAMES
 from inference.benchmarks import BenchmarkRunner
 from inference.cache import ArtifactCache
+from inference.jobs import JobRunner
 from inference.loaded import LoadedVersion
 from inference.loader import load_version
 from inference.response_cache import ResponseCaches
@@ -145,10 +148,21 @@ class InferenceRuntime:
             worker_id=self.worker_id,
             served=self._requests_served,
         )
+        # The server's event loop, where every batcher lives: the job runner submits its slices there.
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.jobs = JobRunner(worker_id=self.worker_id, versions=lambda: self.loaded, loop=lambda: self.loop)
 
     # --- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Start the reconcile and listener threads.
+
+        Called on the server's event loop (the ASGI lifespan), it keeps that loop for the job runner.
+        """
+        try:
+            self.loop = asyncio.get_running_loop()
+        except RuntimeError:  # started outside a server (tests): set ``loop`` to run jobs
+            pass
         for target, name in ((self._reconcile_loop, "reconcile"), (self._listen_loop, "alias-listener")):
             thread = threading.Thread(target=target, name=f"modelyard-{name}", daemon=True)
             thread.start()
@@ -157,6 +171,7 @@ class InferenceRuntime:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self.jobs.stop()  # first, so it takes no other chunk; the one it runs is handed back before the versions close
         for thread in self._threads:
             thread.join(timeout=10)
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -263,6 +278,19 @@ class InferenceRuntime:
         self._heartbeat_if_due()
         if fresh and settings.BENCHMARKS_ENABLED:
             self.benchmarks.poll()  # on its own thread, one job at a time, in a child at low priority
+        metrics.class_queue_depths(self.queued_by_class())
+        if fresh:
+            self.jobs.poll()  # on its own thread, one chunk at a time, through the batchers in the job class
+
+    def queued_by_class(self) -> dict[str, int]:
+        """Requests waiting in this process's batchers, by priority class (``inference.batcher.CLASS_NAMES``)."""
+        totals = dict.fromkeys(CLASS_NAMES, 0)
+        for loaded in list(self.loaded.values()):
+            batcher = loaded.batcher
+            if batcher.started and not batcher.closed:
+                for name, queued in batcher.queued_by_class().items():
+                    totals[name] += queued
+        return totals
 
     def _requests_served(self) -> int:
         """Requests answered so far by the versions loaded now (a benchmark notes when this moved during its run)."""

@@ -229,6 +229,7 @@ def createtoken(args: argparse.Namespace) -> int:
             expires_in=timedelta(days=args.expires_days) if args.expires_days else None,
             only_roles=args.only_role or None,
             model_patterns=args.only_model,
+            priority=args.priority,
         )
     except RegistryError as exc:
         print(f"modelyard createtoken: {exc.message}", file=sys.stderr)
@@ -247,7 +248,8 @@ def createtoken(args: argparse.Namespace) -> int:
 def _token_scope(token: Any) -> str:
     roles = "carries roles " + ", ".join(token.roles) if token.roles is not None else "carries all its user's roles"
     models = "models " + ", ".join(token.model_patterns) if token.model_patterns else "every model"
-    return f"{roles}, on {models}"
+    priority = f", priority class {token.priority}" if token.priority != "normal" else ""
+    return f"{roles}, on {models}{priority}"
 
 
 def rotatetoken(args: argparse.Namespace) -> int:
@@ -341,6 +343,8 @@ def revoketoken(args: argparse.Namespace) -> int:
 
 # The roles (registry.models.Role), listed here so that parsing the command line needs no Django.
 ROLES = ["viewer", "maintainer", "approver", "auditor", "inference", "admin"]
+# A token's priority classes (registry.models.PriorityClass), for the same reason.
+PRIORITY_CLASSES = ["high", "normal", "low"]
 
 
 def _hours(text: str) -> int:
@@ -585,6 +589,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="PATTERN",
         help="the token reaches only models matching this fnmatch pattern, e.g. 'fraud-*' (repeatable)",
+    )
+    p.add_argument(
+        "--priority",
+        default="normal",
+        choices=PRIORITY_CLASSES,
+        help="its requests' class on /v2 and gRPC: a higher class is served first when the queue is busy "
+        "(default normal)",
     )
     p.set_defaults(func=createtoken)
 

@@ -281,6 +281,25 @@ BENCHMARK_NICE = env_int("MODELYARD_BENCHMARK_NICE", 10, minimum=0)
 BENCHMARK_ITERATIONS = env_int("MODELYARD_BENCHMARK_ITERATIONS", 200, minimum=1)
 BENCHMARK_SECONDS = env_float("MODELYARD_BENCHMARK_SECONDS", 3.0, minimum=0.01)
 
+# Asynchronous inference (registry/jobs/): what one job may hold, how many may wait, how its chunks run.
+INFERENCE_JOB_MAX_ROWS = env_int("MODELYARD_INFERENCE_JOB_MAX_ROWS", 1_000_000, minimum=1)
+# Counted while the input streams to the store, so a larger one is refused before it is all sent.
+INFERENCE_JOB_MAX_BYTES = env_int("MODELYARD_INFERENCE_JOB_MAX_BYTES", 512 * 1024**2, minimum=1)
+# Jobs queued or running: per token (per user without one), and in all.
+INFERENCE_JOB_MAX_QUEUED_PER_TOKEN = env_int("MODELYARD_INFERENCE_JOB_MAX_QUEUED_PER_TOKEN", 10, minimum=1)
+INFERENCE_JOB_MAX_QUEUED = env_int("MODELYARD_INFERENCE_JOB_MAX_QUEUED", 100, minimum=1)
+# Rows per chunk: what an inference process takes at once, and loses when it dies.
+INFERENCE_JOB_CHUNK_ROWS = env_int("MODELYARD_INFERENCE_JOB_CHUNK_ROWS", 1024, minimum=1)
+# Rows per batcher run of a job (0: the model's max_batch_size). An online request waits at most for the
+# one job run in flight, so a smaller slice keeps online latency closer to idle and the job slower.
+INFERENCE_JOB_SLICE_ROWS = env_int("MODELYARD_INFERENCE_JOB_SLICE_ROWS", 0, minimum=0)
+# A chunk whose process has not renewed its lease this long is taken by another, up to MAX_ATTEMPTS times.
+INFERENCE_JOB_LEASE_SECONDS = env_float("MODELYARD_INFERENCE_JOB_LEASE_SECONDS", 60.0, minimum=1.0)
+INFERENCE_JOB_MAX_ATTEMPTS = env_int("MODELYARD_INFERENCE_JOB_MAX_ATTEMPTS", 3, minimum=1)
+# How long an infer-async answer, and a finished job's result, are kept.
+ASYNC_RESULT_TTL_SECONDS = env_int("MODELYARD_ASYNC_RESULT_TTL_SECONDS", 3600, minimum=1)
+INFERENCE_JOB_RESULT_TTL_SECONDS = env_int("MODELYARD_INFERENCE_JOB_RESULT_TTL_SECONDS", 7 * 24 * 3600, minimum=1)
+
 # --- Tasks -----------------------------------------------------------------------------------
 BROKER_URL = env_str("MODELYARD_BROKER_URL") or None
 CELERY_BROKER_URL = BROKER_URL or "memory://"
@@ -324,6 +343,8 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, Any]] = {
     "recheck-batching": {"task": "registry.tasks.recheck_batching", "schedule": 300.0},
     # Checks each running rollout's step against its limits, rolls back or moves it on (registry/rollout).
     "advance-rollouts": {"task": "registry.tasks.advance_rollouts", "schedule": ROLLOUT_CHECK_SECONDS},
+    # Deletes expired infer-async answers and job results, and queues again a job's lost preparation or finish.
+    "sweep-inference-jobs": {"task": "registry.tasks.sweep_inference_jobs", "schedule": 60.0},
 }
 # How many of them one run re-validates (each a sandboxed validation); 0 turns the re-check off.
 BATCH_RECHECK_PER_RUN = env_int("MODELYARD_BATCH_RECHECK_PER_RUN", 2, minimum=0)

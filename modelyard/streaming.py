@@ -2,7 +2,8 @@
 
 Django's own handler reads the whole request body into a temporary file before the view runs,
 so a 1 GB upload would land on local disk first. For ``POST /api/v1/models/{name}/versions`` and the
-web UI's ``POST /ui/models/{name}/upload`` this handler hands the view a file-like object that pulls
+web UI's ``POST /ui/models/{name}/upload`` (and an inference job's input: ``POST /api/v1/inference-jobs``,
+the web UI's ``POST /ui/jobs/new``) this handler hands the view a file-like object that pulls
 body chunks from the ASGI channel as the multipart parser asks for them, so bytes flow from the
 client to storage while they arrive.
 
@@ -32,8 +33,11 @@ from modelyard.error_body import error_body_bytes
 
 logger = logging.getLogger(__name__)
 
-# The API's upload and the web UI's upload page, both fed to registry.uploads.version_upload as they arrive.
-STREAMED_PATH = re.compile(r"^(/api/v1/models/[^/]+/versions|/ui/models/[^/]+/upload)/?$")
+# The API's upload and the web UI's upload page, both fed to registry.uploads.version_upload as they arrive,
+# and an inference job's input (the API's and the web UI's submission), fed to the job service likewise.
+STREAMED_PATH = re.compile(
+    r"^(/api/v1/models/[^/]+/versions|/ui/models/[^/]+/upload|/api/v1/inference-jobs|/ui/jobs/new)/?$"
+)
 
 
 class BodyTooLarge(Exception):

@@ -95,3 +95,7 @@ class SignatureInvalid(InvalidInput):
 
 class SignatureRequired(Conflict):
     """An alias that requires a signature refuses a version without one it accepts."""
+
+
+class QueueFull(Conflict):
+    """Too many inference jobs wait already (``MODELYARD_INFERENCE_JOB_MAX_QUEUED``, ``..._PER_TOKEN``); try later."""

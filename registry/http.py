@@ -5,7 +5,8 @@
   read (size, an idle client, too many parts), worded alike for both; :func:`json_404` and
   :func:`json_500` answer outside the UI's pages. Every body is built by ``modelyard.error_body``.
 - **The multipart upload.** :class:`MultipartUpload` is a streamed multipart upload request as an
-  :class:`~registry.uploads.UploadSource` for ``version_upload``.
+  :class:`~registry.uploads.UploadSource` for ``version_upload``; :class:`MultipartInput` is an inference
+  job's one ``input`` file part, streamed the same way, with the text fields sent before it.
 
 Django parses a multipart body by pushing it, chunk by chunk, into upload handlers; the upload
 service pulls each file as a readable stream. The adapter joins the two without holding a file
@@ -31,8 +32,8 @@ from typing import Any, BinaryIO, cast
 from django.conf import settings
 from django.core.exceptions import RequestAborted, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
 from django.core.files.uploadhandler import FileUploadHandler
-from django.http import HttpRequest, JsonResponse
-from django.http.multipartparser import MultiPartParserError
+from django.http import HttpRequest, JsonResponse, QueryDict
+from django.http.multipartparser import MultiPartParser, MultiPartParserError
 from rest_framework.response import Response
 
 from modelyard.error_body import error_body
@@ -53,6 +54,7 @@ STATUS: dict[type[Exception], int] = {
     errors.Conflict: 409,
     errors.Gone: 410,
     errors.PayloadTooLarge: 413,
+    errors.QueueFull: 429,  # a Conflict by nature, but "try later" is what the client must hear
     errors.StorageDown: 503,
     StorageError: 503,  # a storage failure outside an upload (a download, say)
 }
@@ -298,4 +300,159 @@ class MultipartUpload:
 
     def _join(self) -> None:
         if self._thread.ident is not None:
+            self._thread.join()
+
+
+# --- An inference job's input -----------------------------------------------------------------------------
+
+
+class _InputHandler(FileUploadHandler):
+    """Django's side for :class:`MultipartInput`: the one ``input`` part becomes a pipe, offered as it starts."""
+
+    chunk_size = PIPE_CHUNK
+
+    def __init__(self, request: Any, upload: MultipartInput) -> None:
+        super().__init__(request)
+        self._upload = upload
+        self._pipe: ChunkPipe | None = None
+        self._seen = False
+
+    def new_file(self, field_name: str, file_name: str, content_type: str, *args: Any, **kwargs: Any) -> None:
+        super().new_file(field_name, file_name, content_type, *args, **kwargs)
+        if field_name != MultipartInput.FIELD:
+            raise InvalidInput(f"unexpected file field '{field_name}'; send the job's input as one 'input' part")
+        if self._seen:
+            raise InvalidInput("send one 'input' file part: a job reads one input file")
+        self._seen = True
+        self._pipe = self._upload._offer(file_name)
+
+    def receive_data_chunk(self, raw_data: bytes, start: int) -> None:
+        assert self._pipe is not None
+        self._pipe.put(raw_data)
+
+    def file_complete(self, file_size: int) -> None:
+        assert self._pipe is not None
+        pipe, self._pipe = self._pipe, None
+        pipe.close()
+        pipe.wait_done()
+
+    def upload_interrupted(self) -> None:
+        if self._pipe is not None:
+            self._pipe = None
+            raise InvalidInput(UNTERMINATED)
+
+
+class _InputStream:
+    """The input part as the job service reads it; at its end, the fields sent after it must be empty.
+
+    The service needs the model and the version before the first byte is stored, so those fields come
+    before the ``input`` part (as ``modelyard job submit`` and the page's form send them). One sent
+    after it would be read too late to count: refused rather than ignored, before the job is recorded.
+    """
+
+    def __init__(self, upload: MultipartInput, pipe: ChunkPipe) -> None:
+        self._upload = upload
+        self._pipe = pipe
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._pipe.read(n)
+        if not data or n < 0:
+            self._upload._check_late_fields()
+        return data
+
+
+class MultipartInput:
+    """An inference job's multipart request: its text fields, then its one ``input`` file, streamed.
+
+    Use as a context manager; :meth:`start` waits until the ``input`` part begins (or the body ends
+    without one) and gives the fields sent before it, the file's name and a readable stream of it that
+    the service reads on the request's thread while Django's parser, in a helper thread, feeds it
+    through a bounded :class:`ChunkPipe`, as :class:`MultipartUpload` does for a version's files.
+    """
+
+    FIELD = "input"
+
+    def __init__(self, request: Any, *, job_fields: tuple[str, ...] = ()) -> None:
+        self._request = getattr(request, "_request", request)  # the Django request: its body, unread
+        self._job_fields = job_fields
+        self._aborted = threading.Event()
+        self._started: queue.SimpleQueue[tuple[str, ChunkPipe] | None] = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._parser: MultiPartParser | None = None
+        self._before: QueryDict = QueryDict(mutable=True)
+        self._post: QueryDict | None = None
+        self._thread = threading.Thread(target=self._parse, name=f"upload-{self._request.path}", daemon=True)
+        self._request.upload_handlers = [_InputHandler(self._request, self)]
+
+    def __enter__(self) -> MultipartInput:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        # Whatever the answer, the parser stops: a refusal before the input's end leaves the rest unread.
+        self._aborted.set()
+        self._join()
+        if exc is not None and self._error is not None and self._error is not exc:
+            raise self._error from None
+
+    def start(self) -> tuple[QueryDict, str | None, BinaryIO | None]:
+        """(the fields sent before the input, its file name, its stream); the last two None without an input part."""
+        self._thread.start()
+        part = self._started.get()
+        if part is None:  # the body ended (or failed) with no input part: every field is in
+            self._join()
+            if self._error is not None:
+                raise self._error
+            assert self._post is not None
+            return self._post, None, None
+        name, pipe = part
+        return self._before, name, cast(BinaryIO, _InputStream(self, pipe))
+
+    def _offer(self, name: str) -> ChunkPipe:
+        pipe = ChunkPipe(self._aborted)
+        assert self._parser is not None
+        # The fields parsed so far: Django's parser keeps them on itself until it returns them all.
+        self._before = self._parser._post.copy()  # type: ignore[attr-defined]
+        self._started.put((name, pipe))
+        return pipe
+
+    def _check_late_fields(self) -> None:
+        self._join()
+        if self._error is not None:
+            raise self._error
+        assert self._post is not None
+        late = [name for name in self._job_fields if any(self._post.getlist(name)) and name not in self._before]
+        if late:
+            raise InvalidInput(
+                f"send {', '.join(repr(name) for name in late)} before the 'input' file part: "
+                "the job's fields are read before its input is stored",
+                {"fields": late},
+            )
+
+    def _parse(self) -> None:
+        request = self._request
+        try:
+            self._parser = MultiPartParser(request.META, request, request.upload_handlers, request.encoding)
+            post, files = self._parser.parse()
+            self._post = post
+            request._post, request._files = post, files
+        except _Aborted:
+            pass
+        except MultiPartParserError as exc:
+            self._fail(InvalidInput(f"Multipart form parse error - {exc}"))
+        except BaseException as exc:  # noqa: BLE001 - handed to the request thread
+            self._fail(exc)
+        finally:
+            self._started.put(None)
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._aborted.set()
+
+    def _join(self) -> None:
+        if self._thread.ident is not None and self._thread is not threading.current_thread():
             self._thread.join()

@@ -6,14 +6,17 @@ Two kinds, added up differently:
   by outcome with their duration, timed around :func:`registry.uploads.version_upload`.
 - **Read from the database at scrape time** (:class:`DatabaseCollector`): validations by outcome
   with their duration, versions by status, the validation backlog, promotion requests by state,
-  audit events, the periodic audit-chain verification's verdict, the fleet, and the Celery queue's
-  length. These are the registry's state, the same whichever web process or replica answers, and
-  they survive restarts; validations run in Celery workers, which serve no ``/metrics``, and
-  are recorded on their version rows. Aggregate them across replicas with ``max``, not ``sum``.
+  audit events, the periodic audit-chain verification's verdict, the fleet, asynchronous inference
+  jobs queued and running with the rows they have left, and the Celery queue's length. These are
+  the registry's state, the same whichever web process or replica answers, and they survive
+  restarts; validations run in Celery workers, which serve no ``/metrics``, and are recorded on
+  their version rows. Aggregate them across replicas with ``max``, not ``sum``.
 
 The collector's queries are few and bounded: a few ``GROUP BY`` over the versions and promotion
-requests tables (thousands of rows), single rows for the audit chain, and the fleet seen within
-``MODELYARD_FLEET_FORGET_SECONDS``. None reads the audit events table.
+requests tables (thousands of rows), single rows for the audit chain, the fleet seen within
+``MODELYARD_FLEET_FORGET_SECONDS``, and one aggregate over the inference jobs that have not ended
+(at most ``MODELYARD_INFERENCE_JOB_MAX_QUEUED``, on the kind-and-state index). None reads the audit
+events table.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, models
 from django.db.models import Count, DurationField, ExpressionWrapper, F, Min, Q, Sum
 from django.utils import timezone
 from prometheus_client import Histogram
@@ -41,6 +44,8 @@ from registry.errors import RegistryError, StorageDown
 from registry.models import (
     AuditChainCheck,
     AuditChainHead,
+    InferenceJob,
+    InferenceJobState,
     InferenceWorker,
     ModelVersion,
     PromotionRequest,
@@ -194,6 +199,32 @@ def _fleet() -> GaugeMetricFamily:
     return family
 
 
+def _jobs() -> list[Metric]:
+    """Inference jobs (batch jobs and infer-async requests) that have not ended, and their rows not yet computed."""
+    waiting = [InferenceJobState.QUEUED, InferenceJobState.RUNNING]
+    left = ExpressionWrapper(F("rows") - F("rows_done"), output_field=models.BigIntegerField())
+    by_state: dict[str, dict[str, Any]] = {
+        row["state"]: dict(row)
+        for row in InferenceJob.objects.filter(state__in=waiting)
+        .order_by()
+        .values("state")
+        .annotate(n=Count("id"), left=Sum(left))  # rows is null until the input is split: unknown, counted as 0
+    }
+    jobs = GaugeMetricFamily(
+        "modelyard_inference_jobs",
+        "Asynchronous inference jobs waiting (queued) or in progress (running)",
+        labels=["state"],
+    )
+    for state in waiting:
+        jobs.add_metric([state.value], by_state.get(state.value, {}).get("n", 0))
+    rows = GaugeMetricFamily(
+        "modelyard_inference_job_rows_queued",
+        "Rows of queued and running inference jobs not computed yet (rows of inputs not yet split: not counted)",
+    )
+    rows.add_metric([], sum(max(row["left"] or 0, 0) for row in by_state.values()))
+    return [jobs, rows]
+
+
 def celery_queue_length(url: str, queue: str, timeout: float) -> int:
     """Messages waiting in a Celery queue: a passive declare (Redis LLEN, AMQP's message count), within ``timeout``."""
     from kombu import Connection
@@ -229,7 +260,7 @@ class DatabaseCollector:
             "modelyard_registry_metrics_up", "1 when the registry's metrics could be read from the database, else 0"
         )
         try:
-            families = [_validations(), *_versions(), _promotions(), *_audit(), _fleet()]
+            families = [_validations(), *_versions(), _promotions(), *_audit(), _fleet(), *_jobs()]
         except Exception as exc:  # noqa: BLE001 - a scrape still answers with everything else
             logger.warning("registry metrics: the database could not be read: %s", exc)
             families = []

@@ -1,4 +1,4 @@
-"""Alias-change notifications that inference processes wait on.
+"""Notifications that inference processes wait on: alias changes, and inference job chunks ready to take.
 
 Redis pub/sub when the broker is Redis, PostgreSQL LISTEN/NOTIFY otherwise, and an in-process
 condition for the embedded SQLite default (where web and inference share one process).

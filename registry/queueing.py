@@ -152,3 +152,50 @@ def purge_enqueue(version_id: int) -> None:
         logger.exception(
             "could not queue the removal of deleted version %s's files; the periodic job does it", version_id
         )
+
+
+# --- Inference jobs ------------------------------------------------------------------------------------
+
+PREPARE_JOB_TASK = "registry.tasks.prepare_inference_job"
+FINISH_JOB_TASK = "registry.tasks.finish_inference_job"
+
+
+def inference_job_prepare_enqueue(job_id: int) -> None:
+    """Queue the splitting of a committed inference job's input: to Celery, or without a broker to a job thread.
+
+    Without a broker Celery would run it on the request's thread, and the POST would wait for the
+    split; the job thread runs it instead. A job whose queueing is lost is queued again by the sweep.
+    """
+    _job_step(PREPARE_JOB_TASK, _prepare_thread, job_id)
+
+
+def inference_job_finish_enqueue(job_id: int) -> None:
+    """Queue the assembling of a job's result once its last chunk is done (the chunk's own thread must not wait)."""
+    _job_step(FINISH_JOB_TASK, _finish_thread, job_id)
+
+
+# The sweep runs on the embedded scheduler's thread: the same job threads keep it from waiting on a step.
+inference_job_prepare_requeue = inference_job_prepare_enqueue
+inference_job_finish_requeue = inference_job_finish_enqueue
+
+
+def _job_step(name: str, thread: JobThread, job_id: int) -> None:
+    try:
+        if current_app.conf.task_always_eager:
+            thread.submit(job_id)
+        else:
+            task(name).delay(job_id)
+    except Exception:
+        logger.exception("could not queue %s for inference job %s; the sweep queues it again", name, job_id)
+
+
+def _prepare_in_process(job_id: int) -> None:
+    task(PREPARE_JOB_TASK).apply(args=(job_id,))
+
+
+def _finish_in_process(job_id: int) -> None:
+    task(FINISH_JOB_TASK).apply(args=(job_id,))
+
+
+_prepare_thread = JobThread(name="modelyard-job-prepare", run=_prepare_in_process)
+_finish_thread = JobThread(name="modelyard-job-finish", run=_finish_in_process)

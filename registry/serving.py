@@ -44,6 +44,14 @@ from registry.access.auth import authenticate_token, bearer_token, split_token, 
 from registry.access.scopes import model_in_scope, out_of_scope_message
 from registry.audit.chain import SYSTEM, audit_version
 from registry.benchmarks.services import SHARED_NOTE, BenchmarkJob, benchmark_claim, benchmark_measure, benchmark_record
+from registry.jobs.chunks import (
+    JobChunk,
+    job_chunk_claim,
+    job_chunk_done,
+    job_chunk_failed,
+    job_chunk_progress,
+    job_versions,
+)
 from registry.models import (
     PRODUCTION,
     Alias,
@@ -75,6 +83,7 @@ __all__ = [
     "DeviceRow",
     "FleetWorker",
     "InferenceAccess",
+    "JobChunk",
     "Laggard",
     "LoadState",
     "LoadedRow",
@@ -100,6 +109,10 @@ __all__ = [
     "fleet_providers",
     "fleet_wait",
     "is_online",
+    "job_chunk_claim",
+    "job_chunk_done",
+    "job_chunk_failed",
+    "job_chunk_progress",
     "offline_after",
     "token_grant",
     "token_inference_access",
@@ -302,6 +315,9 @@ def desired_state() -> DesiredState:
         splits.setdefault(model.name, {})[rollout.alias.name] = SplitSpec(
             rollout.pk, rollout.version_id, rollout.percent
         )
+    for version in job_versions():  # a queued or running job keeps its version loaded, routed or not (registry/jobs)
+        if version.pk not in versions:
+            versions[version.pk] = _version_spec(version.model, version)
     return DesiredState(versions=versions, routes=routes, shadows=shadows, splits=splits, caches=caches)
 
 
@@ -804,11 +820,13 @@ class TokenGrant:
     """What a bearer token may do on ``/v2``, decided once from the database and then per model, in memory.
 
     ``model_patterns`` are the token's fnmatch patterns on model names (none: every model); see
-    ``registry.access.scopes``. The ``/v2`` token cache (``inference.auth``) keeps these.
+    ``registry.access.scopes``. ``priority`` is the token's class (``registry.models.PriorityClass``), which
+    the data plane hands the batcher as its ``klass``. The ``/v2`` token cache (``inference.auth``) keeps these.
     """
 
     access: InferenceAccess
     model_patterns: tuple[str, ...] = ()
+    priority: str = "normal"
 
     def on(self, model: str | None) -> InferenceAccess:
         """The verdict for a request about ``model``; None for one about no model (the server, the index)."""
@@ -837,7 +855,9 @@ def token_grant(raw: str) -> TokenGrant:
     roles = token_roles(token)
     allowed = Role.INFERENCE in roles or Role.ADMIN in roles
     return TokenGrant(
-        InferenceAccess.ALLOWED if allowed else InferenceAccess.NO_ROLE, tuple(token.model_patterns or ())
+        InferenceAccess.ALLOWED if allowed else InferenceAccess.NO_ROLE,
+        tuple(token.model_patterns or ()),
+        priority=token.priority,
     )
 
 

@@ -21,6 +21,8 @@ from registry.audit import verify as audit_verify
 from registry.benchmarks import services as benchmarks
 from registry.derive import job as derive_job
 from registry.derive import services as derive
+from registry.errors import StorageDown
+from registry.jobs import services as inference_jobs
 from registry.lifecycle import retention
 from registry.lifecycle import services as lifecycle
 from registry.models import ModelVersion
@@ -180,3 +182,28 @@ def derive_version(self: Any, job_id: int) -> str:
 def advance_rollouts() -> dict[int, str]:
     """Check every running rollout once: roll back a breach, pass a step that has run its time."""
     return rollouts.rollouts_advance()
+
+
+@shared_task(name=queueing.PREPARE_JOB_TASK, acks_late=True, reject_on_worker_lost=True, bind=True, max_retries=5)
+def prepare_inference_job(self: Any, job_id: int) -> str:
+    """Split a queued inference job's input into chunks (taken once, however often delivered)."""
+    try:
+        return inference_jobs.job_prepare(job_id)
+    except StorageDown as exc:
+        raise self.retry(exc=exc, countdown=min(300, 5 * 2**self.request.retries)) from exc
+
+
+@shared_task(name=queueing.FINISH_JOB_TASK, acks_late=True, reject_on_worker_lost=True, bind=True, max_retries=5)
+def finish_inference_job(self: Any, job_id: int) -> str:
+    """Assemble a job's result from its chunks' outputs and end it (taken once, however often delivered)."""
+    try:
+        return inference_jobs.job_finish(job_id)
+    except StorageDown as exc:
+        raise self.retry(exc=exc, countdown=min(300, 5 * 2**self.request.retries)) from exc
+
+
+@shared_task
+def sweep_inference_jobs() -> dict[str, list[Any]]:
+    """Delete expired infer-async answers and job results; queue again a preparation or finish that was lost."""
+    swept = inference_jobs.jobs_sweep()
+    return {"expired": swept.expired, "prepare": swept.prepare, "finish": swept.finish, "orphaned": swept.orphaned}

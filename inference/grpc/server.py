@@ -240,6 +240,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                 decoded = decode_infer_request(request, admitted.loaded.spec.signature)
             except MemoryError:
                 raise OutOfMemory(OUT_OF_MEMORY) from None
+            decoded.klass = admitted.klass  # the token's priority class, ahead of the request's priority
             remaining = context.time_remaining()
             if remaining is not None:  # nobody waits past the client's deadline: neither need the queue
                 deadline_us = max(1, int(remaining * 1e6))

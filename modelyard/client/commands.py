@@ -27,6 +27,7 @@ from modelyard.client.tensors import NUMPY_OF
 from modelyard.client.types import (
     Alias,
     AliasMove,
+    InferenceJob,
     Policy,
     PolicyRule,
     Promotion,
@@ -1255,6 +1256,154 @@ def cmd_login(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- Inference jobs ------------------------------------------------------------------------------------------
+
+
+class RowsBar:
+    """A job's rows done of all, rate and time left, on stderr; redrawn in place on a terminal, a line every 2 s
+    otherwise (and whenever the state changes)."""
+
+    def __init__(self, label: str, stream: IO[str] | None = None) -> None:
+        self.label = label
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.started = time.monotonic()
+        self.first_done: int | None = None
+        self.last = float("-inf")
+        self.state = ""
+
+    def __call__(self, job: InferenceJob) -> None:
+        now = time.monotonic()
+        changed = job.state != self.state
+        if not changed and not job.ended and now - self.last < (0.1 if self.tty else 2.0):
+            return
+        self.last, self.state = now, job.state
+        if self.first_done is None:
+            self.first_done = job.rows_done
+        total = job.rows or 0
+        fraction = min(job.rows_done / total, 1.0) if total else (1.0 if job.state == "succeeded" else 0.0)
+        rate = (job.rows_done - self.first_done) / max(now - self.started, 1e-6)
+        bar = "#" * int(24 * fraction) + "." * (24 - int(24 * fraction))
+        rows = f"{job.rows_done} / {total if job.rows is not None else '?'} rows"
+        left = total - job.rows_done
+        when = f"in {_clock(now - self.started)}" if job.ended else (f"ETA {_clock(left / rate)}" if rate > 0 else "")
+        line = f"{self.label} {job.state:<9} [{bar}] {100 * fraction:5.1f}%  {rows}  {rate:.0f} rows/s  {when}".rstrip()
+        if self.tty:
+            self.stream.write("\r\x1b[K" + line + ("\n" if job.ended else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+def _job_lines(job: InferenceJob) -> list[str]:
+    rows = f"{job.rows_done} of {job.rows}" if job.rows is not None else f"{job.rows_done} of ?"
+    asked = f" ({job.ref})" if job.ref and job.ref != str(job.version) else ""
+    lines = [
+        f"Job {job.id}: {job.state}",
+        f"  model    {job.model} version {job.version}{asked}",
+        f"  format   {job.format} ({_size(job.input_bytes)} in)",
+        f"  rows     {rows}",
+        f"  by       {job.created_by or '-'} at {job.created_at}",
+    ]
+    if job.finished_at:
+        lines.append(f"  ended    {job.finished_at}")
+    lines += [f"  error    {_one_line(error)}" for error in job.errors]
+    if job.result:
+        lines.append(f"  result   {_size(job.result_bytes)}: modelyard job fetch {job.id} -o FILE")
+    return lines
+
+
+def _job_outcome(args: argparse.Namespace, job: InferenceJob) -> int:
+    """Print the job (or its JSON); 0 when it succeeded or is still on its way, 1 when it failed or was cancelled."""
+    if args.json:
+        _print_json(job.raw)
+    else:
+        stream = sys.stderr if job.state in ("failed", "cancelled") else sys.stdout
+        for line in _job_lines(job):
+            print(line, file=stream)
+    return 1 if job.state in ("failed", "cancelled") else 0
+
+
+def _wait_for_job(args: argparse.Namespace, client: Client, job_id: str) -> InferenceJob:
+    bar = None if args.quiet else RowsBar(f"Job {job_id}")
+    return client.wait_job(job_id, timeout=args.timeout, progress=bar)
+
+
+def cmd_job_submit(args: argparse.Namespace, client: Client) -> int:
+    if args.alias and args.version is not None:
+        raise ConfigError("give --alias or --version, not both")
+    progress = None if args.quiet else ProgressBar(f"Uploading {Path(args.input).name}")
+    job = client.submit_job(
+        args.model,
+        args.input,
+        alias=args.alias,
+        version=args.version,
+        format=args.format,
+        outputs=args.output,
+        result_format=args.result_format,
+        progress=progress,
+    )
+    if not args.json:
+        rows = f", {job.rows} rows" if job.rows is not None else ""
+        print(f"Job {job.id} {job.state}: version {job.version} of '{job.model}'{rows}.", file=sys.stderr)
+    if args.wait:
+        job = _wait_for_job(args, client, job.id)
+        return _job_outcome(args, job)
+    if args.json:
+        _print_json(job.raw)
+    else:
+        print(job.id)
+    return 0
+
+
+def cmd_job_show(args: argparse.Namespace, client: Client) -> int:
+    return _job_outcome(args, client.job(args.id))
+
+
+def cmd_job_list(args: argparse.Namespace, client: Client) -> int:
+    found = client.jobs(state=args.state, model=args.model)
+    if args.json:
+        _print_json([job.raw for job in found])
+        return 0
+    rows = [
+        (
+            job.id,
+            job.model,
+            job.version,
+            job.format,
+            job.state,
+            f"{job.rows_done}/{job.rows if job.rows is not None else '?'}",
+            job.created_at,
+        )
+        for job in found
+    ]
+    _table(rows, ["ID", "MODEL", "VERSION", "FORMAT", "STATE", "ROWS", "SUBMITTED"])
+    return 0
+
+
+def cmd_job_wait(args: argparse.Namespace, client: Client) -> int:
+    return _job_outcome(args, _wait_for_job(args, client, args.id))
+
+
+def cmd_job_fetch(args: argparse.Namespace, client: Client) -> int:
+    progress = None if args.quiet else ProgressBar(f"Downloading the result of job {args.id}")
+    path = client.fetch_job_result(args.id, args.output, progress=progress)
+    if args.json:
+        _print_json({"id": args.id, "path": str(path), "size_bytes": path.stat().st_size})
+    else:
+        print(f"Wrote {path} ({_size(path.stat().st_size)}).")
+    return 0
+
+
+def cmd_job_cancel(args: argparse.Namespace, client: Client) -> int:
+    job = client.cancel_job(args.id)
+    if args.json:
+        _print_json(job.raw)
+    else:
+        print(f"Job {job.id} cancelled ({job.rows_done} rows had been done).")
+    return 0
+
+
 # --- Running a command ---------------------------------------------------------------------------------
 
 
@@ -1803,3 +1952,48 @@ def add_commands(sub: Any) -> None:
     p.add_argument("id", type=int)
     p.add_argument("--status", default="", choices=["", "pending", "sending", "delivered", "failed"])
     p.set_defaults(func=_runner(cmd_webhooks_deliveries))
+
+    job = sub.add_parser(
+        "job",
+        help="asynchronous inference jobs: a model run over every row of a file, at the lowest priority",
+        description="A job runs a version of a model over every row of an .npz, a .jsonl of v2 requests or a .txt "
+        "of texts, in chunks on the inference processes, behind every interactive request. The version is fixed "
+        "when the server accepts the job.",
+    )
+    actions = job.add_subparsers(dest="job_command", required=True)
+    p = actions.add_parser("submit", parents=[common], help="upload an input file and queue a job (inference role)")
+    p.add_argument("model", metavar="MODEL")
+    p.add_argument("input", metavar="INPUT", help="an .npz (one array per input), a .jsonl of v2 requests, a .txt")
+    p.add_argument("--alias", default=None, help="the alias whose version runs it (default production)")
+    p.add_argument("--version", type=int, default=None, metavar="N", help="a version number, instead of an alias")
+    p.add_argument("--format", default=None, choices=["npz", "jsonl", "text"], help="default: from the suffix")
+    p.add_argument(
+        "--output", action="append", default=[], metavar="NAME", help="an output to keep (repeatable; default all)"
+    )
+    p.add_argument("--result-format", default=None, choices=["jsonl", "npz"], help="for text input (default jsonl)")
+    p.add_argument("--wait", action="store_true", help="wait for the job to end; exit 1 if it failed or was cancelled")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="with --wait: give up after this")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=_runner(cmd_job_submit))
+    p = actions.add_parser("show", parents=[common], help="a job: its state, rows done, errors")
+    p.add_argument("id", metavar="ID")
+    p.set_defaults(func=_runner(cmd_job_show))
+    p = actions.add_parser("list", parents=[common], help="your jobs, newest first")
+    p.add_argument("--state", default="", choices=["", "queued", "running", "succeeded", "failed", "cancelled"])
+    p.add_argument("--model", default="")
+    p.set_defaults(func=_runner(cmd_job_list))
+    p = actions.add_parser(
+        "wait", parents=[common], help="a progress bar until the job ends; exit 1 if it failed or was cancelled"
+    )
+    p.add_argument("id", metavar="ID")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="give up after this (exit 1)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_runner(cmd_job_wait))
+    p = actions.add_parser("fetch", parents=[common], help="download a succeeded job's result (.npz or JSON Lines)")
+    p.add_argument("id", metavar="ID")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write it")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_runner(cmd_job_fetch))
+    p = actions.add_parser("cancel", parents=[common], help="stop a queued or running job (inference role)")
+    p.add_argument("id", metavar="ID")
+    p.set_defaults(func=_runner(cmd_job_cancel))

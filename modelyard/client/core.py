@@ -12,7 +12,7 @@ import os
 import re
 import ssl
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
@@ -42,11 +42,13 @@ from modelyard.client.types import (
     Alias,
     AliasAt,
     AliasMove,
+    AsyncRequest,
     AuditEvent,
     AuditVerdict,
     Benchmark,
     Delivery,
     DeriveJob,
+    InferenceJob,
     Model,
     Policy,
     PolicyCheck,
@@ -899,6 +901,147 @@ class Client:
         number = self.resolve_version(name, version)
         answer = self._json("POST", f"/api/v1/models/{_q(name)}/versions/{number}/benchmarks")
         return [Benchmark.from_json(item) for item in answer]
+
+    # --- Asynchronous inference ------------------------------------------------------------------------------
+
+    def submit_job(
+        self,
+        model: str,
+        input: str | os.PathLike[str] | None = None,
+        *,
+        alias: str | None = None,
+        version: int | None = None,
+        format: str | None = None,
+        outputs: Sequence[str] = (),
+        result_format: str | None = None,
+        input_url: str | None = None,
+        progress: Progress | None = None,
+    ) -> InferenceJob:
+        """Run ``model`` over every row of a file, asynchronously (the inference role); returns the queued job.
+
+        ``input`` is a local file, streamed up (``progress(sent, total)`` as it goes): an ``.npz`` with one
+        array per model input (first dimension: rows), a ``.jsonl`` of v2 request bodies, or a ``.txt`` of
+        texts, one a line (a model with a tokenizer); ``format`` names it when the suffix does not.
+        ``input_url`` names a key of the server's artifact store instead. The version (``alias``,
+        default ``production``, or ``version``) is fixed when the server accepts the job.
+        """
+        if (input is None) == (input_url is None):
+            raise ModelyardError("give an input file or an input_url (a key of the server's store), one of them")
+        fields: list[tuple[str, str]] = [("model", model)]
+        for name, value in (("alias", alias), ("version", version), ("format", format)):
+            if value is not None and value != "":
+                fields.append((name, str(value)))
+        fields += [("outputs", output) for output in outputs]
+        if result_format:
+            fields.append(("result_format", result_format))
+        if input_url is not None:
+            return InferenceJob.from_json(
+                self._json(
+                    "POST",
+                    "/api/v1/inference-jobs",
+                    json_body={**dict(fields), "outputs": list(outputs), "input_url": input_url},
+                )
+            )
+        path = Path(input)  # type: ignore[arg-type]  # not None: checked above
+        if not path.is_file():
+            raise ModelyardError(f"{path}: no such file")
+        # The fields go first: the server reads them before it stores the input.
+        body = MultipartBody(fields, [(path.name, path)], file_field="input", progress=progress)
+        answer = self._json("POST", "/api/v1/inference-jobs", data=body, headers={"Content-Type": body.content_type})
+        return InferenceJob.from_json(answer)
+
+    def job(self, job_id: str) -> InferenceJob:
+        """An inference job, as it is now."""
+        return InferenceJob.from_json(self._json("GET", f"/api/v1/inference-jobs/{_q(job_id)}"))
+
+    def jobs(self, *, state: str = "", model: str = "") -> list[InferenceJob]:
+        """Your inference jobs, newest first (an admin's or auditor's: everyone's); filtered by state or model."""
+        pages = self._pages("/api/v1/inference-jobs", {"state": state, "model": model})
+        return [InferenceJob.from_json(item) for item in pages]
+
+    def wait_job(
+        self,
+        job_id: str,
+        *,
+        timeout: float | None = None,
+        interval: float = 0.5,
+        progress: Callable[[InferenceJob], None] | None = None,
+    ) -> InferenceJob:
+        """Poll until the job has ended (succeeded, failed or cancelled) and return it; ``progress(job)`` on each look.
+
+        A failed or cancelled job is returned as it is; :class:`WaitTimeout` when ``timeout`` seconds pass first.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            found = self.job(job_id)
+            if progress is not None:
+                progress(found)
+            if found.ended:
+                return found
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"inference job {job_id} is still {found.state} after {timeout:g} s")
+            pause = interval if deadline is None else min(interval, max(0.0, deadline - time.monotonic()))
+            time.sleep(pause)
+            interval = min(interval * 1.5, 5.0)
+
+    def fetch_job_result(self, job_id: str, dest: str | os.PathLike[str], *, progress: Progress | None = None) -> Path:
+        """Download a succeeded job's result (an ``.npz`` or JSON Lines) to ``dest``; returns its path.
+
+        The file is written beside ``dest`` first and moved there once whole.
+        """
+        target = Path(dest)
+        partial = target.with_name(f".{target.name}.part")
+        with (
+            self.request("GET", f"/api/v1/inference-jobs/{_q(job_id)}/result", stream=True) as response,
+            partial.open("wb") as out,
+        ):
+            total, done = int(response.headers.get("Content-Length") or 0), 0
+            for block in response.iter_content(DOWNLOAD_BLOCK):
+                out.write(block)
+                done += len(block)
+                if progress is not None:
+                    progress(done, total or done)
+        partial.replace(target)
+        return target
+
+    def cancel_job(self, job_id: str) -> InferenceJob:
+        """Stop a queued or running job (:class:`~modelyard.client.errors.Conflict` once it has ended)."""
+        return InferenceJob.from_json(self._json("POST", f"/api/v1/inference-jobs/{_q(job_id)}/cancel"))
+
+    def infer_async(
+        self,
+        name: str,
+        body: Mapping[str, Any],
+        *,
+        alias: str | None = None,
+        version: int | None = None,
+    ) -> AsyncRequest:
+        """Queue one v2 request (``{"inputs": [...]}``, JSON tensors) for ``name``; read its answer with
+        :meth:`async_result`. The server keeps the answer ``MODELYARD_ASYNC_RESULT_TTL_SECONDS``."""
+        response = self.request(
+            "POST",
+            f"/api/v1/models/{_q(name)}/infer-async",
+            params={"alias": alias, "version": version},
+            json_body=dict(body),
+        )
+        answer = response.json()
+        return AsyncRequest(id=answer["id"], state=answer["state"], location=response.headers.get("Location", ""))
+
+    def async_result(
+        self, name: str, request_id: str, *, wait: float | None = None, interval: float = 0.25
+    ) -> dict[str, Any] | None:
+        """The v2 answer of an infer-async request; None while it waits (with ``wait`` seconds, polls that long
+        first). A request the model refused raises the error it got, as ``/v2`` would have answered it."""
+        deadline = time.monotonic() + (wait or 0.0)
+        path = f"/api/v1/models/{_q(name)}/infer-async/{_q(request_id)}"
+        while True:
+            response = self.request("GET", path)
+            if response.status_code == 200:
+                return dict(response.json())
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+            interval = min(interval * 1.5, 2.0)
 
     # --- Identity -----------------------------------------------------------------------------------------
 

@@ -216,6 +216,47 @@ class DeriveJob(_Record):
 
 
 @dataclass(frozen=True)
+class InferenceJob(_Record):
+    """An asynchronous inference job: ``state`` queued, running, succeeded, failed or cancelled.
+
+    ``rows`` is known once its input is split (None before); ``rows_done`` counts the rows written.
+    ``result`` is the path of its result's download once it succeeded (a batch job's), else None.
+    """
+
+    id: str
+    model: str
+    version: int
+    state: str
+    kind: str = "batch"
+    ref: str = ""
+    format: str = ""
+    rows: int | None = None
+    rows_done: int = 0
+    errors: list[str] = field(default_factory=list)
+    input_bytes: int = 0
+    result_bytes: int = 0
+    created_by: str | None = None
+    created_at: str = ""
+    started_at: str | None = None
+    finished_at: str | None = None
+    result: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ("succeeded", "failed", "cancelled")
+
+
+@dataclass(frozen=True)
+class AsyncRequest:
+    """An infer-async request: its id and state, and ``location``, the path its answer is read from."""
+
+    id: str
+    state: str
+    location: str
+
+
+@dataclass(frozen=True)
 class Benchmark(_Record):
     """One benchmark run of a version on one provider; ``numbers`` holds what it measured."""
 

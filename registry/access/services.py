@@ -27,7 +27,9 @@ from registry.access.auth import has_role, user_roles
 from registry.access.scopes import model_patterns_problem
 from registry.audit.chain import SYSTEM, Actor, audit_record
 from registry.errors import Conflict, InvalidInput, NotFound, PermissionDenied
-from registry.models import ApiToken, AuditEvent, Role, ServiceAccount
+from registry.models import ApiToken, AuditEvent, PriorityClass, Role, ServiceAccount
+
+PRIORITY_NEEDS_ADMIN = "a token's priority class other than normal needs the admin role"
 
 
 @transaction.atomic(durable=True)
@@ -40,6 +42,7 @@ def token_create(
     expires_in: timedelta | None = None,
     only_roles: Sequence[str] | None = None,
     model_patterns: Sequence[str] = (),
+    priority: str = PriorityClass.NORMAL,
     actor: Actor = SYSTEM,
 ) -> tuple[ApiToken, str]:
     """Create an API token (and optionally its user); returns the row and the only copy of the secret.
@@ -48,9 +51,12 @@ def token_create(
     (None: all of them, as they are at each request); asking for a role the user lacks is refused.
     ``model_patterns`` limits it to models whose names match one of them (fnmatch; none: every model).
     With ``expires_in`` the token stops authenticating after that long; without, it lasts until revoked.
+    ``priority`` is its class on the data plane (high, normal, low: the batcher serves a higher class
+    first); only an admin (or the command line) gives a token another class than normal.
     """
     if expires_in is not None and expires_in <= timedelta(0):
         raise InvalidInput("a token's lifetime must be positive")
+    _check_priority(priority, actor)
     unknown = sorted(set(roles) - set(Role.values))
     if unknown:
         raise InvalidInput(f"unknown role(s) {', '.join(unknown)}; roles are {', '.join(Role.values)}")
@@ -74,7 +80,15 @@ def token_create(
     if added:
         _user_event(actor, "user.roles.grant", username, after=_grant(added))
     _check_user_holds(user, token_scope[0])
-    return _token_issue(user=user, name=name, expires_in=expires_in, scope=token_scope, actor=actor)
+    return _token_issue(user=user, name=name, expires_in=expires_in, scope=token_scope, priority=priority, actor=actor)
+
+
+def _check_priority(priority: str, actor: Actor) -> None:
+    """A known class; above or below normal only from an admin or the command line (SYSTEM)."""
+    if priority not in PriorityClass.values:
+        raise InvalidInput(f"unknown priority class '{priority}'; the classes are {', '.join(PriorityClass.values)}")
+    if priority != PriorityClass.NORMAL and actor.user is not None and not has_role(actor.user, Role.ADMIN):
+        raise PermissionDenied(PRIORITY_NEEDS_ADMIN)
 
 
 def _checked_scope(
@@ -112,6 +126,7 @@ def _token_issue(
     name: str,
     expires_in: timedelta | None,
     scope: tuple[list[str] | None, list[str]],
+    priority: str,
     actor: Actor,
     rotated_from: ApiToken | None = None,
 ) -> tuple[ApiToken, str]:
@@ -128,6 +143,7 @@ def _token_issue(
         expires_at=expires_at,
         roles=only_roles,
         model_patterns=patterns,
+        priority=priority,
         rotated_from=rotated_from,
     )
     after: dict[str, Any] = {"user": user.get_username(), "name": name}
@@ -138,6 +154,8 @@ def _token_issue(
         after["roles"] = only_roles
     if patterns:
         after["models"] = patterns
+    if priority != PriorityClass.NORMAL:
+        after["priority"] = priority
     if rotated_from is not None:
         after["rotated_from"] = rotated_from.prefix
     audit_record(actor=actor, action="token.create", target_type="token", target=prefix, after=after)
@@ -148,7 +166,8 @@ def _token_issue(
 def token_rotate(
     *, token: ApiToken, overlap: timedelta, expires_in: timedelta | None = None, actor: Actor
 ) -> tuple[ApiToken, str]:
-    """Replace a token with a new one of the same user, name, roles and models; the old one works ``overlap`` more.
+    """Replace a token with a new one of the same user, name, roles, models and priority class; the old one works
+    ``overlap`` more.
 
     The new token lasts ``expires_in``, or as long as the old one was made to last (none: until revoked).
     The old one's ``expires_at`` becomes now + ``overlap`` (never later than it was), so a pipeline
@@ -176,6 +195,7 @@ def token_rotate(
         name=old.name,
         expires_in=expires_in,
         scope=(old.roles, list(old.model_patterns or [])),
+        priority=old.priority,  # the class an admin gave it stays, whoever rotates it
         actor=actor,
         rotated_from=old,
     )
@@ -198,6 +218,35 @@ def token_rotate(
         },
     )
     return new, raw
+
+
+@transaction.atomic(durable=True)
+def token_set_priority(*, token: ApiToken, priority: str, actor: Actor) -> ApiToken:
+    """Change a live token's priority class (admins, or the command line); audited as ``token.priority``.
+
+    The inference processes follow within their token cache's lifetime. The same class again changes
+    nothing and records nothing; a revoked token is not changed (409).
+    """
+    if actor.user is not None and not has_role(actor.user, Role.ADMIN):
+        raise PermissionDenied(PRIORITY_NEEDS_ADMIN)
+    _check_priority(priority, actor)
+    token = ApiToken.objects.select_for_update(of=("self",)).select_related("user").get(pk=token.pk)
+    if token.revoked_at is not None:
+        raise Conflict(f"API token {token.prefix} is revoked: its priority class no longer matters")
+    if token.priority == priority:
+        return token
+    before = {"priority": token.priority}
+    token.priority = priority
+    token.save(update_fields=["priority"])
+    audit_record(
+        actor=actor,
+        action="token.priority",
+        target_type="token",
+        target=token.prefix,
+        before=before,
+        after={"user": token.user.get_username(), "name": token.name, "priority": priority},
+    )
+    return token
 
 
 @transaction.atomic(durable=True)

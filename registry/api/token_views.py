@@ -1,5 +1,6 @@
-"""API tokens: list your own (admins: everyone's), create one from a browser session, revoke or rotate by prefix;
-and service accounts (admins): pipelines' users, which cannot sign in.
+"""API tokens: list your own (admins: everyone's), create one from a browser session, revoke or rotate by prefix,
+and (admins) set a token's priority class on /v2 and gRPC; and service accounts (admins): pipelines' users, which
+cannot sign in.
 
 Secrets are never shown again after creation; only the public prefix names a token.
 """
@@ -22,7 +23,7 @@ from registry.access.clients import actor_from_request
 from registry.access.scopes import MAX_MODEL_PATTERNS
 from registry.api.serializers import FormListField
 from registry.errors import InvalidInput, NotFound, PermissionDenied
-from registry.models import ApiToken, Role, ServiceAccount
+from registry.models import ApiToken, PriorityClass, Role, ServiceAccount
 
 MAX_EXPIRES_DAYS = 3650
 MAX_OVERLAP_HOURS = 24 * 90
@@ -57,7 +58,9 @@ class TokenSerializer(serializers.ModelSerializer[ApiToken]):
             "last_used_at",
             "revoked_at",
             "rotated_from",
+            "priority",
         ]
+        extra_kwargs = {"priority": {"help_text": "its requests' class on /v2 and gRPC: high, normal or low"}}
 
 
 class TokenCreatedSerializer(TokenSerializer):
@@ -94,6 +97,12 @@ class TokenCreateInput(serializers.Serializer[Any]):
         max_length=150,
         help_text="admins: a service account to create the token for (default: yourself)",
     )
+    priority = serializers.ChoiceField(
+        choices=PriorityClass.choices,
+        required=False,
+        default=PriorityClass.NORMAL,
+        help_text="admins: the token's class on /v2 and gRPC, served before lower ones (default normal)",
+    )
 
 
 class TokenListCreate(generics.ListAPIView[ApiToken]):
@@ -121,6 +130,7 @@ class TokenListCreate(generics.ListAPIView[ApiToken]):
             expires_in=timedelta(days=days) if days else None,
             only_roles=data.validated_data["roles"],
             model_patterns=data.validated_data["models"],
+            priority=data.validated_data["priority"],
             actor=actor_from_request(request),
         )
         return Response({**TokenSerializer(token).data, "token": raw}, status=status.HTTP_201_CREATED)
@@ -188,8 +198,32 @@ class TokenRotate(APIView):
         return Response({**TokenSerializer(new).data, "token": raw}, status=status.HTTP_201_CREATED)
 
 
+class TokenPriorityInput(serializers.Serializer[Any]):
+    priority = serializers.ChoiceField(
+        choices=PriorityClass.choices,
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="admins: the token's class on /v2 and gRPC, high, normal or low (omitted or empty: unchanged)",
+    )
+
+
 class TokenDetail(APIView):
     permission_classes = [IsAuthenticated]
+
+    @extend_schema(request=TokenPriorityInput, responses=TokenSerializer)
+    def patch(self, request: Request, prefix: str) -> Response:
+        """Admins: change a token's priority class (audited as ``token.priority``); the only field that changes."""
+        data = TokenPriorityInput(data=request.data)
+        data.is_valid(raise_exception=True)
+        token = selectors.token_list(viewer=request.user).filter(prefix=prefix).first()
+        if token is None:
+            raise NotFound(f"no API token with prefix '{prefix}'")
+        if data.validated_data["priority"]:
+            token = services.token_set_priority(
+                token=token, priority=data.validated_data["priority"], actor=actor_from_request(request)
+            )
+        return Response(TokenSerializer(token).data)
 
     @extend_schema(responses={204: None})
     def delete(self, request: Request, prefix: str) -> Response:

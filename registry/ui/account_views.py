@@ -31,7 +31,7 @@ from registry.access.auth import has_role
 from registry.access.clients import actor_from_request
 from registry.access.refusals import audit_access_denied
 from registry.errors import InvalidInput, NotFound, RegistryError
-from registry.models import Role
+from registry.models import PriorityClass, Role
 from registry.ui.errors import error_page
 from registry.ui.forms import TokenCreateForm, TokenRotateForm, UserAccessForm, UserInviteForm
 from registry.ui.views import refusal, require_role
@@ -73,6 +73,7 @@ def token_index(request: HttpRequest) -> HttpResponse:
             expires_in=timedelta(days=days) if days else None,
             only_roles=form.cleaned_data["roles"] or None,
             model_patterns=form.cleaned_data["models"],
+            priority=form.cleaned_data["priority"] or PriorityClass.NORMAL,
             actor=actor_from_request(request),
         )
     except RegistryError as exc:

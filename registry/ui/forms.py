@@ -14,7 +14,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from django import forms
 from django.utils import timezone
 
-from registry.models import NAME_PATTERN, Batching, Role, tags_problem
+from registry.models import NAME_PATTERN, Batching, PriorityClass, Role, tags_problem
 
 NAME_MESSAGE = (
     "invalid model name: use 1-64 characters of lowercase letters, digits, '.', '_' or '-', "
@@ -207,6 +207,8 @@ class TokenCreateForm(UiForm):
     # None ticked: the token carries all of its user's roles; some: only those (each must be the user's).
     roles = forms.MultipleChoiceField(choices=ROLE_CHOICES, required=False)
     models = ModelPatternsField(required=False, max_length=2000)
+    # Only admins are shown the select; left out (or empty), the token is of the normal class.
+    priority = forms.ChoiceField(choices=PriorityClass.choices, required=False)
 
 
 class TokenRotateForm(UiForm):

@@ -1,6 +1,7 @@
 from django.urls import path
 
 from registry.ui import account_views as ui_account_views
+from registry.ui import job_views as ui_job_views
 from registry.ui import lifecycle_views as ui_lifecycle_views
 from registry.ui import lineage_views as ui_lineage_views
 from registry.ui import views as ui_views
@@ -57,6 +58,10 @@ urlpatterns = [
     path("promotions", ui_views.promotion_index, name="promotions"),
     path("promotions/<int:promotion_id>", ui_views.promotion_detail, name="promotion"),
     path("promotions/<int:promotion_id>/<str:decision>", ui_views.promotion_decide, name="promotion-decide"),
+    path("jobs", ui_job_views.job_index, name="jobs"),
+    path("jobs/new", ui_job_views.job_submit, name="job-new"),
+    path("jobs/<str:job_id>", ui_job_views.job_detail, name="job"),
+    path("jobs/<str:job_id>/cancel", ui_job_views.job_cancel, name="job-cancel"),
     path("audit", ui_views.audit_index, name="audit"),
     path("fleet", ui_views.fleet_index, name="fleet"),
     path("tokens", ui_account_views.token_index, name="tokens"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-from inference.metrics import GpuCollector
+from inference.metrics import JOB_CHUNK_RETRIES, JOB_ROWS, GpuCollector
 from registry.tasks import verify_audit_chain
 from tests.support.live import LiveServer, promote
 from tests.support.polling import eventually
@@ -91,6 +91,8 @@ def test_every_metric_the_rules_and_the_dashboard_read_is_exported(live: LiveSer
 
     # GPU readings exist only on a GPU host; their names come from the collector that exports them.
     gpu = {sample.name for family in GpuCollector().describe() for sample in _described(family)}
+    # Inference jobs' counters have a series per model once a process has computed a job's rows.
+    gpu |= {f"{family.name}_total" for metric in (JOB_ROWS, JOB_CHUNK_RETRIES) for family in metric.describe()}
     wanted = {
         where: names
         for where, expr in {**rule_expressions(), **dashboard_expressions()}.items()
@@ -100,6 +102,8 @@ def test_every_metric_the_rules_and_the_dashboard_read_is_exported(live: LiveSer
     assert missing == {}
     every = set().union(*wanted.values())
     assert {"modelyard_queue_depth", "modelyard_model_swaps_total", "modelyard_celery_queue_length"} <= every
+    assert {"modelyard_inference_job_rows_queued", "modelyard_priority_queue_depth"} <= every
+    assert value(exposition, "modelyard_inference_jobs", state="queued") == 0
     assert value(exposition, "modelyard_validation_backlog") == 1
     assert value(exposition, "modelyard_celery_queue_length", queue="celery") == 1
     assert value(exposition, "modelyard_model_swaps_total", model="demo", alias="production") >= 1

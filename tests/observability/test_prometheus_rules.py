@@ -26,6 +26,7 @@ ALSO = {
     "ModelyardModelLoadFailing",
     "ModelyardModelVerifyFailed",
     "ModelyardValidationBacklogGrowing",
+    "ModelyardInferenceJobQueueGrowing",
     "ModelyardAuditChainBroken",
     "ModelyardAuditChainUnverified",
     "ModelyardRegistryMetricsDown",

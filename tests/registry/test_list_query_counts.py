@@ -20,6 +20,7 @@ from registry.audit.chain import SYSTEM
 from registry.models import (
     PRODUCTION,
     ApiToken,
+    InferenceJob,
     InferenceWorker,
     ModelVersion,
     RegisteredModel,
@@ -135,6 +136,20 @@ def _deliveries(admin: Person, count: int) -> None:
     )
 
 
+def _inference_jobs(admin: Person, count: int) -> None:
+    if not RegisteredModel.objects.filter(name="demo").exists():
+        services.model_create(name="demo", actor=admin.actor)
+        _ready_versions(admin, "demo", 1)
+    version = ModelVersion.objects.get(model__name="demo", version=1)
+    user = admin.actor.user
+    InferenceJob.objects.bulk_create(
+        InferenceJob(
+            public_id=uuid.uuid4().hex[:16], model=version.model, version=version, format="npz", created_by=user
+        )
+        for _ in range(count)
+    )
+
+
 def _results(body: Any) -> list[Any]:
     return body if isinstance(body, list) else body["results"]
 
@@ -150,6 +165,7 @@ LISTS: dict[str, tuple[str, Callable[[Person, int], None], int]] = {
     "fleet": ("/api/v1/fleet", _fleet, 2),
     "webhooks": ("/api/v1/webhooks?page_size=500", _webhooks, 4),  # + the admin role
     "deliveries": ("/api/v1/webhooks/{webhook}/deliveries?page_size=500", _deliveries, 5),  # + the webhook
+    "inference-jobs": ("/api/v1/inference-jobs?page_size=500", _inference_jobs, 4),  # + the roles (whose jobs)
 }
 
 

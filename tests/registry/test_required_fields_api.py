@@ -20,16 +20,20 @@ the module through the API, and each test runs in a savepoint of it.
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import TestCase
 
+from storage import get_storage
+from tests.support.jobs_by_hand import run_job
 from tests.support.onnx_models import add_model_bytes
 from tests.support.openapi import (
     EMPTY_FIELDS,
@@ -184,6 +188,14 @@ def _token_rotated(world: World, body: Body | None, answer: Any) -> None:
     assert (answer["roles"], answer["models"]) == (None, [])
     listed = {token["prefix"]: token for token in world.read("/api/v1/tokens?user=mia")["results"]}
     assert listed[world.spare_token]["expires_at"] is not None and answer["prefix"] in listed
+
+
+def _priority_set(world: World, body: Body | None, answer: Any) -> None:
+    # Only an admin's PATCH with a class changes it; without one (or empty) the token stays as it was.
+    priority = "high" if body is not None and body.fields.get("priority") else "normal"
+    assert (answer["prefix"], answer["priority"]) == (world.spare_token, priority)
+    listed = {token["prefix"]: token for token in world.read("/api/v1/tokens?user=mia")["results"]}
+    assert listed[world.spare_token]["priority"] == priority
 
 
 def _service_account(world: World) -> None:
@@ -389,6 +401,84 @@ def _model(world: World) -> dict[str, Any]:
     return {"name": MODEL}
 
 
+# Inference jobs: root (an admin holds the inference role) runs them on production, once ada approved it.
+_MADE: dict[str, str] = {}  # what a prepare made for the test's path: a job's id, a request's id
+_ROWS = np.arange(8, dtype=np.float32).reshape(2, 4)
+
+
+def _rows_npz() -> bytes:
+    out = io.BytesIO()
+    np.savez(out, x=_ROWS)
+    return out.getvalue()
+
+
+def _production(world: World) -> None:
+    ok(world.people["ada"].post(f"/api/v1/promotions/{world.promotion}/approve", {}), 200)
+    storage = get_storage()
+    if not storage.exists("inputs/rows.npz"):
+        storage.write("inputs/rows.npz", io.BytesIO(_rows_npz()))
+
+
+def _queued_job(world: World) -> None:
+    _production(world)
+    named = {"model": MODEL, "input_url": "inputs/rows.npz"}
+    _MADE["job"] = ok(world.people["root"].post("/api/v1/inference-jobs", named), 202)["id"]
+
+
+def _finished_job(world: World) -> None:
+    _queued_job(world)
+    run_job(_MADE["job"])
+
+
+def _async_request(world: World) -> None:
+    _production(world)
+    path = f"/api/v1/models/{MODEL}/infer-async"
+    _MADE["request"] = ok(world.people["root"].post(path, _v2_body(world)), 202)["id"]
+
+
+def _job_input(world: World) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "input": SimpleUploadedFile("rows.npz", _rows_npz()),
+        "input_url": "inputs/rows.npz",
+    }
+
+
+def _v2_body(world: World) -> dict[str, Any]:
+    return {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]}
+
+
+def _job(world: World) -> dict[str, Any]:
+    return {"job_id": _MADE["job"]}
+
+
+def _job_queued_on_production(world: World, body: Body | None, answer: Any) -> None:
+    job = world.read(f"/api/v1/inference-jobs/{answer['id']}")
+    # Nothing but the model and the input: production's version, the format from the suffix, every output.
+    assert (job["ref"], job["version"], job["format"], job["rows"], job["state"]) == (
+        "production",
+        1,
+        "npz",
+        2,
+        "queued",
+    )
+    assert job == answer
+
+
+def _job_cancelled(world: World, body: Body | None, answer: Any) -> None:
+    assert world.read(f"/api/v1/inference-jobs/{_MADE['job']}")["state"] == "cancelled" == answer["state"]
+
+
+def _result_downloaded(world: World, body: Body | None, answer: Any) -> None:
+    with np.load(io.BytesIO(b"".join(answer.streaming_content)), allow_pickle=False) as result:
+        np.testing.assert_array_equal(result["y"], _ROWS + 1)
+
+
+def _request_queued(world: World, body: Body | None, answer: Any) -> None:
+    assert answer["state"] == "queued"
+    assert world.read(f"/api/v1/inference-jobs/{answer['id']}")["ref"] == "production"
+
+
 def _read(who: str = "mia", params: Callable[[World], dict[str, Any]] = lambda world: {}) -> Call:
     """A read: only its path, answered 200."""
     return Call(who, 200, params=params)
@@ -498,6 +588,13 @@ CALLS: dict[str, Call] = {
     "v1_tokens_rotate_create": Call(
         "mia", 201, session=True, params=lambda w: {"prefix": w.spare_token}, check=_token_rotated
     ),
+    "v1_tokens_partial_update": Call(
+        "root",
+        200,
+        params=lambda w: {"prefix": w.spare_token},
+        values=lambda w: {"priority": "high"},
+        check=_priority_set,
+    ),
     "v1_service_accounts_create": Call(
         "root", 201, values=lambda w: {"username": "pipeline"}, check=_service_account_created
     ),
@@ -509,12 +606,27 @@ CALLS: dict[str, Call] = {
     ),
     "v1_webhooks_partial_update": Call("root", 200, params=_webhook, check=_webhook_after),
     "v1_webhooks_destroy": Call("root", 204, params=_webhook, check=_webhook_gone),
+    "v1_inference_jobs_create": Call(
+        "root", 202, values=_job_input, check=_job_queued_on_production, prepare=_production
+    ),
+    "v1_inference_jobs_cancel_create": Call("root", 200, params=_job, check=_job_cancelled, prepare=_queued_job),
+    "v1_models_infer_async_create": Call(
+        "root", 202, params=_model, values=_v2_body, check=_request_queued, prepare=_production
+    ),
     # Reads: their path parameters and required query only; the answer's status is what they are checked for.
     "v1_audit_list": _read("root"),
     "v1_audit_export_retrieve": Call("root", 200, values=lambda w: {"format": "jsonl"}),
     "v1_audit_verify_retrieve": _read("root"),
     "v1_derive_jobs_retrieve": _read(params=lambda w: {"id": w.derive_job}),
     "v1_fleet_list": _read(),
+    "v1_inference_jobs_list": _read("root"),
+    "v1_inference_jobs_retrieve": Call("root", 200, params=_job, prepare=_queued_job),
+    "v1_inference_jobs_result_retrieve": Call(
+        "root", 200, params=_job, check=_result_downloaded, prepare=_finished_job
+    ),
+    "v1_models_infer_async_retrieve": Call(
+        "root", 202, params=lambda w: {"name": MODEL, "job_id": _MADE["request"]}, prepare=_async_request
+    ),
     "v1_me_retrieve": _read(),
     "v1_models_list": _read(),
     "v1_models_retrieve": _read(params=_model),

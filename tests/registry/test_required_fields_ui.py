@@ -20,12 +20,14 @@ does the same in Chromium.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+import numpy as np
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.files.uploadedfile import SimpleUploadedFile
@@ -42,7 +44,7 @@ pytestmark = pytest.mark.django_db
 NEW_PASSWORD = "a brand new passphrase 42"
 # Route parameters that name the object a form acts on; any other (approve, reject, cancel) names the action,
 # and forms that differ in it are different forms.
-OBJECT_PARAMETERS = {"name", "number", "alias", "promotion_id", "prefix", "username", "uidb64", "token"}
+OBJECT_PARAMETERS = {"name", "number", "alias", "promotion_id", "prefix", "username", "uidb64", "token", "job_id"}
 # Not the web UI's pages: the REST API (tests/registry/test_required_fields_api.py) and Django's own admin.
 OTHER_PREFIXES = ("api/", "admin/")
 
@@ -54,7 +56,25 @@ def world(django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytes
             _shadow_staging(made)
             _rollouts(made)
             _lifecycle(made)
+            _queued_job(made)
         yield made
+
+
+JOB: dict[str, str] = {}  # the id of root's queued inference job, whose page shows Cancel
+
+
+def _rows_npz() -> bytes:
+    out = io.BytesIO()
+    np.savez(out, x=np.arange(8, dtype=np.float32).reshape(2, 4))
+    return out.getvalue()
+
+
+def _queued_job(world: World) -> None:
+    root = world.people["root"]
+    sent = {"model": MODEL, "version": "1", "input": SimpleUploadedFile("rows.npz", _rows_npz())}
+    JOB["queued"] = ok(
+        root.client.post("/api/v1/inference-jobs", sent, HTTP_AUTHORIZATION=f"Bearer {root.token}"), 202
+    )["id"]
 
 
 def _shadow_staging(world: World) -> None:
@@ -137,6 +157,10 @@ PAGES: dict[str, Page] = {
     "ui:promotion": Page(_promotion_page, ("mia", "ada")),  # mia asked: she may cancel; ada decides
     "ui:audit": Page(lambda w: "/ui/audit", ("root",)),
     "ui:fleet": Page(lambda w: "/ui/fleet"),
+    # Only root (an admin holds the inference role) submits and cancels; mia sees the pages, not the forms.
+    "ui:jobs": Page(lambda w: "/ui/jobs", ("mia", "root")),
+    "ui:job-new": Page(lambda w: "/ui/jobs/new", ("mia", "root")),
+    "ui:job": Page(lambda w: f"/ui/jobs/{JOB['queued']}", ("root",)),
     "ui:tokens": Page(lambda w: "/ui/tokens"),
     "ui:users": Page(lambda w: "/ui/users", ("root",)),
     "login": Page(lambda w: "/accounts/login/", (None,)),
@@ -166,6 +190,7 @@ POST_ONLY = {
     "ui:token-rotate",
     "ui:user",
     "ui:user-password-link",
+    "ui:job-cancel",
 }
 # Routes that are neither a page nor a form's target: the GET redirects of the sign-in with an OpenID provider
 # (a link on the login page; tests/e2e/test_oidc_browser.py follows them in Chromium).
@@ -185,7 +210,7 @@ class Submit:
     who: str | None
     status: int
     check: Check
-    to: str = ""  # where a redirect (302) goes
+    to: str = ""  # where a redirect (302) goes; a last "*" stands for the id the submission made
     fill: Callable[[World], dict[str, Any]] = lambda world: {}
     # Of a form shown once per alias, token or user: the copy whose address holds this.
     copy: Callable[[World], str] = lambda world: ""
@@ -327,6 +352,18 @@ def _uploaded(world: World, response: Any) -> None:
     assert response.json()["url"] == f"/ui/models/{MODEL}/versions/3"
     version = world.read(f"/api/v1/models/{MODEL}/versions/3")
     assert (version["status"], version["description"], version["metadata"], version["tags"]) == ("ready", "", {}, [])
+
+
+def _job_submitted(world: World, response: Any) -> None:
+    job_id = response["Location"].rsplit("/", 1)[-1]
+    job = world.read(f"/api/v1/inference-jobs/{job_id}")
+    # Empty alias, format, outputs and result format: the version named, the format from the suffix, all outputs.
+    assert (job["version"], job["ref"], job["format"], job["rows"], job["created_by"]) == (1, "1", "npz", 2, "root")
+
+
+def _job_cancelled(world: World, response: Any) -> None:
+    assert response["Location"] == f"/ui/jobs/{JOB['queued']}"
+    assert world.read(f"/api/v1/inference-jobs/{JOB['queued']}")["state"] == "cancelled"
 
 
 def _decided(state: str, production: int | None, by: str) -> Check:
@@ -529,6 +566,16 @@ FORMS: dict[str, Submit] = {
         runs_tasks=True,
     ),
     "ui:promote": Submit("ui:promote", "mia", 302, _staging_on(1, "set"), f"/ui/models/{MODEL}"),
+    # The world's production points to no version yet: the job names one (every other box left empty).
+    "ui:job-new": Submit(
+        "ui:job-new",
+        "root",
+        302,
+        _job_submitted,
+        "/ui/jobs/*",
+        lambda w: {"model": MODEL, "version": "1", "input": [("rows.npz", _rows_npz())]},
+    ),
+    "ui:job-cancel": Submit("ui:job", "root", 302, _job_cancelled, "/ui/jobs/*"),
     "ui:promotion-decide decision=approve": Submit(
         "ui:promotion", "ada", 302, _decided("approved", 1, "ada"), "/ui/promotions"
     ),
@@ -663,7 +710,9 @@ def test_form_succeeds_with_only_its_required_fields(world, key: str):
     assert response.status_code == submit.status, (
         f"POST {address} with {sent}: {response.status_code} {response.content[:1500]!r}"
     )
-    if response.status_code == 302:
+    if response.status_code == 302 and submit.to.endswith("*"):
+        assert response["Location"].startswith(submit.to[:-1]), response["Location"]
+    elif response.status_code == 302:
         assert response["Location"] == submit.to
     else:
         assert 'role="alert"' not in response.content.decode(), response.content.decode()

@@ -31,6 +31,7 @@ FIELDS = {
     "last_used_at",
     "revoked_at",
     "rotated_from",
+    "priority",
 }
 
 
