@@ -170,6 +170,8 @@ def test_readyz_names_storage_when_the_s3_server_stops_or_the_bucket_is_gone(bro
         broker.STORAGE = StorageConfig(kind="s3", bucket="readyz", prefix="pfx")
         broker.S3_ENDPOINT_URL, broker.S3_REGION, broker.S3_ADDRESSING_STYLE = endpoint, "us-east-1", "path"
         broker.S3_MAX_ATTEMPTS = 1
+        # The first check builds boto3's client, which on a loaded machine may take longer than the 2 s default.
+        broker.READY_TIMEOUT_SECONDS = 30.0
         assert call("/readyz") == (200, {"status": "ready", "checks": ALL_UP})
 
         client.delete_bucket(Bucket="readyz")

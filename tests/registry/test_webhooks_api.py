@@ -84,13 +84,13 @@ def test_a_secret_sent_is_kept_and_not_echoed(admin, registered):
             {"url": "http://h.example.com/", "events": ["alias.moved", "model.deleted"]},
             "unknown event(s) model.deleted; events are version.ready, version.failed, promotion.requested, "
             "promotion.approved, promotion.rejected, alias.moved, rollout.started, rollout.step, rollout.paused, "
-            "rollout.resumed, rollout.rolled_back, rollout.completed, rollout.aborted",
+            "rollout.resumed, rollout.rolled_back, rollout.completed, rollout.aborted, inference_job.finished",
         ),
         (
             {"url": "http://h.example.com/", "events": []},
             "name at least one event: version.ready, version.failed, promotion.requested, promotion.approved, "
             "promotion.rejected, alias.moved, rollout.started, rollout.step, rollout.paused, rollout.resumed, "
-            "rollout.rolled_back, rollout.completed, rollout.aborted",
+            "rollout.rolled_back, rollout.completed, rollout.aborted, inference_job.finished",
         ),
         ({"url": "http://h.example.com/", "events": ["alias.moved"], "model": "nope"}, "no model named 'nope'"),
         (
