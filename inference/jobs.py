@@ -109,11 +109,25 @@ class JobRunner:
         return self._thread is not None and self._thread.is_alive()
 
     def poll(self) -> None:
-        """Start taking chunks of the loaded versions, unless this process is at it already."""
+        """Take the next chunk of a loaded version, on the caller's thread, and run it (and the ones after) on another.
+
+        The reconcile pass calls this: the claim is one query on its own database connection, so an idle
+        process opens no connection and starts no thread for it. A busy runner is left alone.
+        """
         with self._lock:
-            if self.busy or self._stop.is_set() or not self._claimable() or self._running_loop() is None:
+            if self.busy or self._stop.is_set():
                 return
-            self._thread = threading.Thread(target=self._run_all, name="modelyard-jobs", daemon=True)
+            version_ids = self._claimable()
+            if not version_ids or self._running_loop() is None:
+                return
+            try:
+                chunk = serving.job_chunk_claim(worker_id=self._worker_id, version_ids=version_ids)
+            except DatabaseError as exc:
+                logger.warning("inference job poll failed: %s", exc)
+                return
+            if chunk is None:
+                return
+            self._thread = threading.Thread(target=self._run_all, args=(chunk,), name="modelyard-jobs", daemon=True)
             self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -130,8 +144,13 @@ class JobRunner:
         loop = self._loop()
         return loop if loop is not None and loop.is_running() else None
 
-    def _run_all(self) -> None:
+    def _run_all(self, first: serving.JobChunk) -> None:
         try:
+            loop = self._running_loop()
+            if loop is None:  # the server stopped meanwhile: the chunk goes back
+                self._failed(first, ChunkFailed("the inference process stopped before it ran the chunk", retry=True))
+                return
+            self._run(first, loop)
             while not self._stop.is_set() and self.run_next():
                 pass
         except DatabaseError as exc:
