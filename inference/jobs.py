@@ -346,18 +346,37 @@ class ChunkRun:
             )
         self._check_rows(arrays)
         texts = texts.reshape(self.rows)
+        # Slices of texts of like length (by characters, a cheap stand-in for tokens), each padded to its
+        # own longest text: a job's slice merges with nothing, so a bucket would only add padding to compute.
+        # The outputs are put back in the chunk's order at the end.
+        order = np.argsort(np.char.str_len(texts.astype(str)), kind="stable")
         wanted = self._wanted()
         parts: dict[str, list[np.ndarray]] = {name: [] for name in wanted}
         start = 0
         while start < self.rows:
             stop = min(self.rows, start + min(self.step(), encoder.max_texts))
-            where = f"rows [{self.chunk.start + start}, {self.chunk.start + stop})"
-            encoded = self._encode(encoder, texts[start:stop], where)
+            rows = order[start:stop]
+            encoded = self._encode_rows(encoder, texts[rows], rows)
+            where = f"{stop - start} rows of [{self.chunk.start}, {self.chunk.stop})"
             values = encoder.unpad(self._run_one(encoded.feeds, where), encoded)
             for name in wanted:
                 parts[name].append(values[name])
             start = stop
-        return {name: _concat(pieces, pad_axis=name in encoder.sequence_outputs) for name, pieces in parts.items()}
+        back = np.argsort(order, kind="stable")  # sorted position -> the chunk's row
+        return {
+            name: _concat(pieces, pad_axis=name in encoder.sequence_outputs)[back] for name, pieces in parts.items()
+        }
+
+    def _encode_rows(self, encoder: TextEncoder, texts: np.ndarray, rows: np.ndarray) -> Encoded:
+        """One slice's texts tokenised tightly; a text that cannot be served fails the job naming its row."""
+        try:
+            return encoder.encode(texts, tight=True)
+        except InvalidInput as exc:
+            for text, row in zip(texts, rows, strict=True):
+                self._encode(encoder, np.array([text]), f"row {self.chunk.start + int(row)}")
+            raise ChunkFailed(
+                f"rows [{self.chunk.start}, {self.chunk.stop}): {exc.message}", retry=False, status=400
+            ) from None
 
     @staticmethod
     def _encode(encoder: TextEncoder, texts: np.ndarray, where: str) -> Encoded:

@@ -103,8 +103,12 @@ class TextEncoder:
         except Exception as exc:  # noqa: BLE001 - e.g. a limit shorter than the tokenizer's special tokens
             raise TokenizerError(f"{TOKENIZER_FILE} cannot truncate to {max_tokens} tokens: {exc}") from None
 
-    def encode(self, texts: np.ndarray) -> Encoded:
-        """Token inputs for the ``text`` input of one request; :class:`InvalidInput` for what cannot be served."""
+    def encode(self, texts: np.ndarray, *, tight: bool = False) -> Encoded:
+        """Token inputs for the ``text`` input of one request; :class:`InvalidInput` for what cannot be served.
+
+        ``tight``: padded to the longest text itself, not to its bucket. For runs that merge with nothing
+        (an inference job's slices), where a bucket's only effect would be more padding to compute.
+        """
         if texts.size > self.max_texts:
             # Each text becomes up to max_tokens ids in every token input: a bound on what one request allocates.
             raise InvalidInput(
@@ -127,7 +131,7 @@ class TextEncoder:
                         "tokenizer's own); truncation is off (MODELYARD_TEXT_TRUNCATE=false)"
                     )
         longest = max(len(encoding.ids) for encoding in encodings)
-        length = self.fixed_length or bucket(longest, self.max_tokens)
+        length = self.fixed_length or (longest if tight else bucket(longest, self.max_tokens))
         feeds = pad_encodings(encodings, self.spec, pad_id=self.pad_id, length=length)
         return Encoded(feeds, length, longest)
 

@@ -27,7 +27,7 @@ import queue
 import threading
 from collections.abc import Iterator
 from types import TracebackType
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO, Protocol, cast
 
 from django.conf import settings
 from django.core.exceptions import RequestAborted, RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
@@ -188,12 +188,18 @@ class ChunkPipe:
         return True
 
 
+class _PipeSource(Protocol):
+    """What a part handler offers each file part to as it starts (:class:`MultipartUpload`, :class:`MultipartInput`)."""
+
+    def _offer(self, name: str) -> ChunkPipe: ...
+
+
 class _PartHandler(FileUploadHandler):
     """Django's side: every ``file`` part becomes a pipe, offered to the service as it starts."""
 
     chunk_size = PIPE_CHUNK
 
-    def __init__(self, request: Any, upload: MultipartUpload) -> None:
+    def __init__(self, request: Any, upload: _PipeSource) -> None:
         super().__init__(request)
         self._upload = upload
         self._pipe: ChunkPipe | None = None
@@ -306,40 +312,21 @@ class MultipartUpload:
 # --- An inference job's input -----------------------------------------------------------------------------
 
 
-class _InputHandler(FileUploadHandler):
+class _InputHandler(_PartHandler):
     """Django's side for :class:`MultipartInput`: the one ``input`` part becomes a pipe, offered as it starts."""
 
-    chunk_size = PIPE_CHUNK
-
     def __init__(self, request: Any, upload: MultipartInput) -> None:
-        super().__init__(request)
-        self._upload = upload
-        self._pipe: ChunkPipe | None = None
+        super().__init__(request, upload)
         self._seen = False
 
     def new_file(self, field_name: str, file_name: str, content_type: str, *args: Any, **kwargs: Any) -> None:
-        super().new_file(field_name, file_name, content_type, *args, **kwargs)
         if field_name != MultipartInput.FIELD:
             raise InvalidInput(f"unexpected file field '{field_name}'; send the job's input as one 'input' part")
         if self._seen:
             raise InvalidInput("send one 'input' file part: a job reads one input file")
         self._seen = True
+        FileUploadHandler.new_file(self, field_name, file_name, content_type, *args, **kwargs)
         self._pipe = self._upload._offer(file_name)
-
-    def receive_data_chunk(self, raw_data: bytes, start: int) -> None:
-        assert self._pipe is not None
-        self._pipe.put(raw_data)
-
-    def file_complete(self, file_size: int) -> None:
-        assert self._pipe is not None
-        pipe, self._pipe = self._pipe, None
-        pipe.close()
-        pipe.wait_done()
-
-    def upload_interrupted(self) -> None:
-        if self._pipe is not None:
-            self._pipe = None
-            raise InvalidInput(UNTERMINATED)
 
 
 class _InputStream:
