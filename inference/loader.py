@@ -36,7 +36,7 @@ from inference.sessions import (
 )
 from inference.text import TOKENIZER_FILE, TextEncoder
 from inference.verify import verify_version
-from onnxkit.validation import synthetic_inputs
+from onnxkit.datatypes import synthetic_inputs
 from registry.serving import VersionSpec
 
 __all__ = ["LABELS_FILE", "SAMPLE_INPUTS_FILE", "load_version"]

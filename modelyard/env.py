@@ -274,7 +274,7 @@ def env_signing_key(name: str, default_path: Path) -> tuple[bytes, str]:
 
     Unset, the key at ``default_path`` (the data folder's) is read, generated there on first start.
     """
-    from modelyard.provenance import ProvenanceError, Signer, load_or_create_private_key
+    from modelyard.provenance import ProvenanceError, check_signing_key, load_or_create_private_key
 
     value = env_str(name)
     if value is not None and "REPLACE-ME" in value:  # deploy/k8s/base/secret.example.yaml applied as it is
@@ -292,7 +292,7 @@ def env_signing_key(name: str, default_path: Path) -> tuple[bytes, str]:
         except OSError as exc:
             raise ImproperlyConfigured(f"{name}: cannot read the key file {value}: {exc.strerror}") from None
     try:
-        Signer(pem)
+        check_signing_key(pem)  # not Signer(pem): that imports model_signing, which only signing needs
     except ProvenanceError as exc:
         raise ImproperlyConfigured(f"{name}: {exc}") from None
     return pem, source

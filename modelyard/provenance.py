@@ -42,6 +42,7 @@ __all__ = [
     "build_trust",
     "bundle_digests_match",
     "canonical_json",
+    "check_signing_key",
     "configured_trust",
     "generate_private_key",
     "key_id",
@@ -128,12 +129,39 @@ def _manifest(digests: Mapping[str, str], name: str) -> Any:
     return manifest.Manifest(name, items, serialization_type)
 
 
+# The curves model-signing signs with (those of Sigstore's protobuf specifications).
+SIGNING_CURVES = ("secp256r1", "secp384r1", "secp521r1")
+
+
+def check_signing_key(private_key_pem: bytes) -> None:
+    """Refuse, with :class:`ProvenanceError`, a PEM private key that :class:`Signer` could not sign with.
+
+    The same checks as ``model-signing``'s, with ``cryptography`` alone: settings call this at every
+    process start, and importing ``model_signing`` (sigstore, TUF) costs a second on a slow CPU that
+    a process which never signs should not pay.
+    """
+    try:
+        key = serialization.load_pem_private_key(private_key_pem, None)
+    except (ValueError, TypeError) as exc:
+        raise ProvenanceError(f"cannot sign with this key: {exc}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ProvenanceError(
+            f"cannot sign with this key: it is not an elliptic-curve key (curves: {', '.join(SIGNING_CURVES)})"
+        )
+    if key.curve.name not in SIGNING_CURVES:
+        raise ProvenanceError(
+            f"cannot sign with this key: Unsupported key for curve '{key.curve.name}' "
+            f"(curves: {', '.join(SIGNING_CURVES)})"
+        )
+
+
 class Signer:
     """Signs with one private key, optionally with its certificate and the chain above it."""
 
     def __init__(self, private_key_pem: bytes, *, certificate: bytes | None = None, chain: bytes = b"") -> None:
         from model_signing._signing import sign_certificate, sign_ec_key
 
+        check_signing_key(private_key_pem)
         try:
             if certificate is None:
                 self._signer: Any = sign_ec_key.Signer(_Pem(private_key_pem))  # type: ignore[arg-type]

@@ -5,6 +5,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from registry.access.lockout import LockoutAdminAuthenticationForm, LockoutAuthenticationForm
+from registry.api import schema  # noqa: F401 - registers the bearer token's OpenAPI description with the views'
 from registry.ui.account_views import PasswordChange, PasswordSet
 from registry.ui.oidc_views import SignInView, oidc_callback, oidc_login
 from registry.ui.views import home

@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from onnxkit.datatypes import NUMPY_OF, ONNX_TO_PROTOCOL, numpy_of_ort_type
+from onnxkit.datatypes import NUMPY_OF, ONNX_TO_PROTOCOL, numpy_of_ort_type, printable, synthetic_inputs
 from onnxkit.sandbox import ChildFailure, ChildLimits, mentions_allocation_failure, run_in_child
 from onnxkit.signatures import batch_dimension_problem
 from onnxkit.tokenizer import TOKENIZER_FILE, TokenizerError, load_tokenizer, pad_encodings, text_signature
@@ -138,13 +138,6 @@ class ValidationResult:
     @property
     def ok(self) -> bool:
         return not self.errors
-
-
-def printable(text: str) -> str:
-    """``text`` with control characters escaped, so a hostile name reads plainly (and PostgreSQL stores it)."""
-    if text.isprintable():
-        return text
-    return "".join(char if char.isprintable() else f"\\x{ord(char):02x}" for char in text)
 
 
 def readable(text: str) -> str:
@@ -261,21 +254,6 @@ def synthetic_input_bytes(session: Any) -> tuple[int, str]:
         if size > largest_bytes:
             largest, largest_bytes = f"input '{printable(arg.name)}' has the shape {shape}", size
     return total, largest
-
-
-def synthetic_inputs(session: Any) -> dict[str, np.ndarray]:
-    """Inputs shaped from the signature (dynamic dimensions become 1), filled with ones."""
-    feeds: dict[str, np.ndarray] = {}
-    for arg in session.get_inputs():
-        dtype = numpy_of_ort_type(arg.type)
-        if dtype is None:
-            raise TypeError(f"input '{printable(arg.name)}' has type {arg.type}, which validation cannot synthesise")
-        shape = [dim if isinstance(dim, int) and dim >= 0 else 1 for dim in arg.shape]
-        if dtype is np.object_:
-            feeds[arg.name] = np.full(shape, "a", dtype=object)
-        else:
-            feeds[arg.name] = np.ones(shape, dtype=dtype)
-    return feeds
 
 
 class SampleInputsError(ValueError):

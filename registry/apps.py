@@ -10,7 +10,6 @@ class RegistryConfig(AppConfig):
 
         from registry.access import lockout
         from registry.access.refusals import on_user_login_failed
-        from registry.api import schema  # noqa: F401 - registers the bearer token's OpenAPI description
 
         user_login_failed.connect(on_user_login_failed, dispatch_uid="registry.audit.login_failed")
         # After the audit receiver, so the log shows the failure before the lockout it causes.

@@ -40,7 +40,6 @@ from django.conf import settings
 from django.db import transaction
 
 from onnxkit.sniff import NotOnnx, OnnxSniffer
-from onnxkit.validation import runtime_limit_errors
 from registry import artifacts, metrics, queueing, services
 from registry.audit.chain import Actor
 from registry.errors import (
@@ -220,6 +219,10 @@ class _CheckedReader:
             sniff = self._sniffer.finish()
         except NotOnnx as exc:
             raise NotAnOnnxModel(f"'{self._name}': {exc}") from exc
+        # Here, not at the top: onnxkit.validation imports onnx (a second on a slow CPU), and every process
+        # imports this module through registry.http's error pages, the inference ones too, which never upload.
+        from onnxkit.validation import runtime_limit_errors
+
         problems = runtime_limit_errors(sniff.ir_version, sniff.opsets)
         if problems:
             raise UnsupportedModel(f"'{self._name}': {' '.join(problems)}")

@@ -126,3 +126,36 @@ def test_throttle_counters_go_to_redis_when_one_is_configured(tmp_path, extra, b
     assert (
         subprocess.run(run, env=env, capture_output=True, text=True, check=True, timeout=120).stdout.strip() == backend
     )
+
+
+def _pem(key) -> str:
+    from cryptography.hazmat.primitives import serialization
+
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+
+
+def test_a_signing_key_that_cannot_sign_is_refused_naming_the_variable(monkeypatch, tmp_path):
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+    from modelyard.env import env_signing_key
+    from modelyard.provenance import Signer, generate_private_key
+
+    default = tmp_path / "signing-key.pem"
+    cases = [
+        (_pem(rsa.generate_private_key(65537, 2048)), "it is not an elliptic-curve key (curves: secp256r1, secp384r1"),
+        (_pem(ec.generate_private_key(ec.SECP256K1())), "Unsupported key for curve 'secp256k1' (curves: secp256r1"),
+        ("-----BEGIN PRIVATE KEY-----\nbm90IGEga2V5\n-----END PRIVATE KEY-----\n", "cannot sign with this key: "),
+    ]
+    for pem, message in cases:
+        monkeypatch.setenv("MODELYARD_SIGNING_KEY", pem)
+        with pytest.raises(ImproperlyConfigured) as caught:
+            env_signing_key("MODELYARD_SIGNING_KEY", default)
+        assert str(caught.value).startswith("MODELYARD_SIGNING_KEY: cannot sign with this key: ")
+        assert message in str(caught.value)
+    # A good key passes the same check, and the Signer that the check stands in for signs with it.
+    good = generate_private_key()
+    monkeypatch.setenv("MODELYARD_SIGNING_KEY", good.decode())
+    assert env_signing_key("MODELYARD_SIGNING_KEY", default) == (good, "MODELYARD_SIGNING_KEY")
+    assert Signer(good).sign({"model.onnx": "0" * 64}).startswith(b"{")

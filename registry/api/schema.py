@@ -1,8 +1,10 @@
 """What the OpenAPI schema (``/api/schema/``) says about signing in: a bearer token, or a browser session.
 
 drf-spectacular knows DRF's session authentication; the bearer token is ours, so it is described here
-(imported by ``RegistryConfig.ready``). ``AddressCount`` accepts no credentials (it only counts requests
-that bring none), so the schema leaves it out (``AUTHENTICATION_WHITELIST`` in the settings).
+(imported by ``modelyard/urls.py``, beside the schema's views, and not at start: drf-spectacular
+costs 0.3 s of a cold start that a process serving no schema, an inference one, need not pay).
+``AddressCount`` accepts no credentials (it only counts requests that bring none), so the schema
+leaves it out (``AUTHENTICATION_WHITELIST`` in the settings).
 """
 
 from __future__ import annotations

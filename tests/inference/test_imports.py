@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+
 import inference
 
 ALLOWED = "registry.serving"
@@ -127,3 +129,49 @@ def test_the_wire_format_and_the_batcher_import_without_django_settings():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root, env=env)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"  # nothing of Django, the registry's ORM, storage or the settings
+
+
+# What an inference process must not import before it serves: none of it is needed to load and run a
+# version, and on the slow 2-core machine they cost its cold start 1.6 s (onnx, above all ml_dtypes'
+# extension), 1.1 s (model_signing, which only signing needs) and 0.3 s (drf-spectacular's schema).
+HEAVY_FOR_INFERENCE = ("onnx", "ml_dtypes", "model_signing", "sigstore", "drf_spectacular.plumbing")
+
+
+def test_an_inference_process_starts_without_onnx_model_signing_or_the_schema(tmp_path):
+    code = (
+        "import sys\n"
+        "import modelyard.asgi\n"
+        "assert modelyard.asgi.runtime is not None\n"
+        f"print(sorted(m for m in {HEAVY_FOR_INFERENCE!r} if m in sys.modules))\n"
+    )
+    env = {key: value for key, value in os.environ.items() if not key.startswith("MODELYARD_")}
+    env.update(
+        DJANGO_SETTINGS_MODULE="modelyard.settings",
+        MODELYARD_ROLE="inference",
+        MODELYARD_DATA_DIR=str(tmp_path),
+        MODELYARD_GRPC_PORT="0",
+    )
+    root = Path(inference.__file__).parent.parent
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    # The rule has something to hold: the web role's schema does import drf-spectacular's plumbing.
+    env["MODELYARD_ROLE"] = "web"
+    code = "import sys\nimport modelyard.asgi, modelyard.urls\nprint('drf_spectacular.plumbing' in sys.modules)\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+
+
+def test_the_element_types_are_onnx_s():
+    import onnx
+
+    from onnxkit.datatypes import ONNX_ELEMENT_TYPES, numpy_of_ort_type
+
+    assert {name: onnx.TensorProto.DataType.Value(name) for name in ONNX_ELEMENT_TYPES} == ONNX_ELEMENT_TYPES
+    assert numpy_of_ort_type("tensor(float)") is np.float32
+    assert numpy_of_ort_type("tensor(int64)") is np.int64
+    assert numpy_of_ort_type("tensor(string)") is np.object_
+    assert numpy_of_ort_type("tensor(bfloat16)") is None  # no numpy dtype
+    assert numpy_of_ort_type("tensor(float8e4m3fn)") is None
+    assert numpy_of_ort_type("seq(tensor(float))") is None
