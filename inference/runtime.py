@@ -35,6 +35,7 @@ from inference.response_cache import ResponseCaches
 from inference.sessions import device_description, host_notice
 from inference.shadow import ShadowRoute, ShadowRunner
 from inference.verify import VerificationFailed
+from modelyard.provenance import preload_verifier
 from registry import serving
 from registry.serving import PRODUCTION, DesiredState, LoadedRow, LoadState, SplitSpec, VersionSpec
 
@@ -167,6 +168,8 @@ class InferenceRuntime:
             thread = threading.Thread(target=target, name=f"modelyard-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
+        # Every load verifies signatures: their library is imported beside the first query and download.
+        threading.Thread(target=preload_verifier, name="modelyard-verifier-import", daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()

@@ -19,14 +19,17 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "modelyard.settings")
 django.setup(set_prefix=False)
 
-from modelyard.streaming import StreamingASGIHandler  # noqa: E402  (after Django is set up)
-
-django_app = StreamingASGIHandler()
-
-from django.conf import settings  # noqa: E402
+from django.conf import settings  # noqa: E402  (after Django is set up)
 
 from modelyard import health  # noqa: E402
 from modelyard import metrics as exposition  # noqa: E402
+
+django_app: Any = None
+if settings.ROLE != "inference":  # an inference process answers only /v2 and /metrics: no Django handler,
+    # whose middleware (the registry's error pages, DRF) costs it 0.4 s of its cold start on a slow CPU
+    from modelyard.streaming import StreamingASGIHandler
+
+    django_app = StreamingASGIHandler()
 
 runtime: Any = None
 data_plane: Any = None
@@ -101,7 +104,7 @@ async def application(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await data_plane(scope, receive, send)
     elif path == "/metrics" and web_metrics is not None and scope["type"] == "http":
         await web_metrics(scope, receive, send)  # the web role's: the registry's metrics
-    elif settings.ROLE != "inference":
+    elif settings.ROLE != "inference":  # django_app is None only in an inference process
         await django_app(scope, receive, send)
     else:
         body = b'{"error": "this process serves only /v2 (role inference)"}'

@@ -29,7 +29,6 @@ class EmbeddedScheduler(threading.Thread):
     def run(self) -> None:
         from modelyard.celery import app
 
-        app.loader.import_default_modules()  # registers the autodiscovered tasks
         entries = {
             name: (str(entry["task"]), float(entry["schedule"]))
             for name, entry in settings.CELERY_BEAT_SCHEDULE.items()
@@ -41,11 +40,18 @@ class EmbeddedScheduler(threading.Thread):
             connection.close()
 
     def _loop(self, app: Any, entries: dict[str, tuple[str, float]], next_run: dict[str, float]) -> None:
+        imported = False
         while not self._stop_event.wait(1.0):
             now = time.monotonic()
             for name, (task_name, interval) in entries.items():
                 if now < next_run[name]:
                     continue
+                if not imported:
+                    # Registers the autodiscovered tasks, at the first job and not at start: the task
+                    # modules import the whole registry (onnx, validation), a second of a server's
+                    # start on a slow CPU, spent while it is loading its models.
+                    app.loader.import_default_modules()
+                    imported = True
                 next_run[name] = now + interval
                 try:
                     app.tasks[task_name].apply()

@@ -48,6 +48,7 @@ __all__ = [
     "key_id",
     "load_or_create_private_key",
     "parse_signers",
+    "preload_verifier",
     "sign_digests",
     "verify_bundle",
 ]
@@ -319,6 +320,16 @@ def _read_bundle(data: bytes) -> Any:
         return sign_sigstore_pb.Signature.read(_Pem(data))  # type: ignore[arg-type]
     except Exception as exc:  # noqa: BLE001 - the parser raises whatever the JSON or the protobuf mapping finds wrong
         raise ProvenanceError(f"not a model signing bundle: {type(exc).__name__}: {exc}") from None
+
+
+def preload_verifier() -> None:
+    """Import what :func:`verify_bundle` needs now, not at the first bundle.
+
+    ``model_signing`` (with sigstore and TUF) takes 0.4 s to a second to import on a slow CPU. An
+    inference process verifies every version before it loads it, so it runs this on a thread of its
+    own at start, beside the registry's query and the first download (I/O, which lets it run).
+    """
+    from model_signing._signing import sign_certificate, sign_ec_key, sign_sigstore_pb  # noqa: F401
 
 
 def verify_bundle(data: bytes, trust: Trust) -> Verified:
