@@ -21,19 +21,16 @@ errors. It prints a table and writes bench/results/cache.json.
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
-import multiprocessing
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import run_in_workdir, stop_process
+from common import ClosedLoad, run_in_workdir, stop_process
 from serve import (
     BIN,
     MODEL_PATH,
@@ -42,7 +39,6 @@ from serve import (
     decode_embedding,
     free_port,
     modelyard_env,
-    percentile_ms,
     post,
     raw_session,
     register_served,
@@ -145,81 +141,35 @@ def check_answers(port: int) -> dict[str, Any]:
 # --- load ---------------------------------------------------------------------------------------------
 
 
-def _worker(args: tuple[int, str, int, int, int, float], out: Any) -> None:
-    port, path, hot_count, seed, connections, duration = args
-    hot = hot_bodies(hot_count)
-    latencies: list[float] = []
-    errors = [0]
-    hits = [0]
-    lock = threading.Lock()
-    end = time.monotonic() + duration
+class HalfRepeated:
+    """The stream of a connection: every other request repeats one of ``hot`` inputs; the others are new."""
 
-    def one_connection(index: int) -> None:
-        rng = np.random.default_rng([seed, index])
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-        mine: list[float] = []
-        failed = cached = 0
-        sent = 0
-        while time.monotonic() < end:
-            # Every other request repeats one of the hot inputs; the others are new.
-            body, headers = hot[int(rng.integers(len(hot)))] if sent % 2 == 0 else body_of(tokens(rng))
-            sent += 1
-            start = time.perf_counter()
-            try:
-                conn.request("POST", path, body=body, headers=headers)
-                response = conn.getresponse()
-                raw = response.read()
-                if response.status != 200:
-                    failed += 1
-                else:
-                    length = int(response.getheader("inference-header-content-length") or len(raw))
-                    cached += b'"cached":true' in raw[:length]
-            except OSError:
-                failed += 1
-                conn.close()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            mine.append(time.perf_counter() - start)
-        with lock:
-            latencies.extend(mine)
-            errors[0] += failed
-            hits[0] += cached
+    def __init__(self, hot: int) -> None:
+        self.hot = hot
+        self._bodies: list[tuple[bytes, dict[str, str]]] = []
 
-    threads = [threading.Thread(target=one_connection, args=(i,)) for i in range(connections)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    out.put((latencies, errors[0], hits[0]))
+    def __call__(self, rng: np.random.Generator, sent: int) -> tuple[bytes, dict[str, str]]:
+        if not self._bodies:  # in the client process
+            self._bodies = hot_bodies(self.hot)
+        if sent % 2 == 0:
+            return self._bodies[int(rng.integers(len(self._bodies)))]
+        return body_of(tokens(rng))
+
+
+def answered_from_cache(response: Any, raw: bytes) -> bool:
+    """Whether the answer's JSON header says ``"cached": true`` (the binary outputs after it are not searched)."""
+    length = int(response.getheader("inference-header-content-length") or len(raw))
+    return b'"cached":true' in raw[:length]
 
 
 def load(port: int, model: str, hot: int, clients: int, duration: float, seed: int) -> dict[str, Any]:
     """``clients`` connections over up to 4 processes, each sending the half-repeated stream to ``model``."""
-    processes = min(clients, 4)
-    out: Any = multiprocessing.Queue()
-    workers = []
-    for index in range(processes):
-        share = clients // processes + (1 if index < clients % processes else 0)
-        args = (port, f"/v2/models/{model}/infer", hot, seed * 100 + index, share, duration)
-        worker = multiprocessing.Process(target=_worker, args=(args, out))
-        worker.start()
-        workers.append(worker)
-    latencies: list[float] = []
-    errors = hits = 0
-    for _ in workers:
-        got, failed, cached = out.get()
-        latencies += got
-        errors += failed
-        hits += cached
-    for worker in workers:
-        worker.join()
-    return {
-        "req_per_s": round(len(latencies) / duration, 1),
-        "p50_ms": round(percentile_ms(latencies, 50), 2) if latencies else None,
-        "p99_ms": round(percentile_ms(latencies, 99), 2) if latencies else None,
-        "requests": len(latencies),
-        "errors": errors,
-        "hit_share": round(hits / len(latencies), 3) if latencies else 0.0,
-    }
+    path = f"/v2/models/{model}/infer"
+    result = ClosedLoad(
+        port, path, clients=clients, duration=duration, seed=seed, make=HalfRepeated(hot), flag=answered_from_cache
+    ).join()
+    result["hit_share"] = result.pop("flagged_share")
+    return result
 
 
 def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:

@@ -105,3 +105,121 @@ class CpuMeter:
         used = {name: round(end[name] - self._start[name], 2) for name in end}
         used["other"] = round(used["machine"] - sum(v for k, v in used.items() if k != "machine"), 2)
         return used
+
+
+# --- closed-loop HTTP load ----------------------------------------------------------------------------
+
+# One request's body and headers.
+Request = tuple[bytes, dict[str, str]]
+# What a connection sends next: given its random generator and how many it has sent so far.
+NextRequest = Callable[[Any, int], Request]
+# Whether an answer counts (``flagged`` in the summary): given the answer (its headers) and its whole body.
+Flag = Callable[[Any, bytes], bool]
+
+
+def _load_process(
+    port: int, path: str, connections: int, seed: int, duration: float, make: NextRequest, flag: Flag | None, out: Any
+) -> None:
+    """``connections`` keep-alive connections, each sending one request after another until ``duration`` has passed."""
+    import http.client
+    import threading
+    import time
+
+    import numpy as np
+
+    latencies: list[float] = []
+    totals = {"errors": 0, "flagged": 0}
+    lock = threading.Lock()
+    end = time.monotonic() + duration
+
+    def one_connection(index: int) -> None:
+        rng = np.random.default_rng([seed, index])
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        mine: list[float] = []
+        failed = flagged = 0
+        while time.monotonic() < end:
+            body, headers = make(rng, len(mine))
+            start = time.perf_counter()
+            try:
+                conn.request("POST", path, body=body, headers=headers)
+                response = conn.getresponse()
+                raw = response.read()
+                if response.status != 200:
+                    failed += 1
+                elif flag is not None:
+                    flagged += flag(response, raw)
+            except OSError:
+                failed += 1
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            mine.append(time.perf_counter() - start)
+        conn.close()
+        with lock:
+            latencies.extend(mine)
+            totals["errors"] += failed
+            totals["flagged"] += flagged
+
+    threads = [threading.Thread(target=one_connection, args=(i,)) for i in range(connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    out.put((latencies, totals["errors"], totals["flagged"]))
+
+
+class ClosedLoad:
+    """``clients`` keep-alive connections over up to ``processes`` client processes, started at once.
+
+    Each connection sends ``make(rng, sent)`` to ``path`` and waits for the answer before the next, for
+    ``duration`` seconds; :meth:`join` waits for the end and sums them up.
+    """
+
+    def __init__(
+        self,
+        port: int,
+        path: str,
+        *,
+        clients: int,
+        duration: float,
+        seed: int,
+        make: NextRequest,
+        flag: Flag | None = None,
+        processes: int = 4,
+    ) -> None:
+        import multiprocessing
+
+        self.duration = duration
+        self.out: Any = multiprocessing.Queue()
+        self.workers = []
+        count = max(1, min(clients, processes))
+        for index in range(count):
+            share = clients // count + (1 if index < clients % count else 0)
+            worker = multiprocessing.Process(
+                target=_load_process,
+                args=(port, path, share, seed * 100 + index, duration, make, flag, self.out),
+            )
+            worker.start()
+            self.workers.append(worker)
+
+    def join(self) -> Result:
+        """Requests per second, p50 and p99 in ms, the request and error counts, and the flagged share."""
+        import numpy as np
+
+        latencies: list[float] = []
+        errors = flagged = 0
+        for _ in self.workers:
+            got, failed, counted = self.out.get()
+            latencies += got
+            errors += failed
+            flagged += counted
+        for worker in self.workers:
+            worker.join()
+        ms = np.asarray(latencies) * 1000
+        return {
+            "req_per_s": round(len(latencies) / self.duration, 1),
+            "p50_ms": round(float(np.percentile(ms, 50)), 2) if latencies else None,
+            "p99_ms": round(float(np.percentile(ms, 99)), 2) if latencies else None,
+            "requests": len(latencies),
+            "errors": errors,
+            "flagged_share": round(flagged / len(latencies), 3) if latencies else 0.0,
+        }

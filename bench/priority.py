@@ -23,20 +23,19 @@ Everything talks to 127.0.0.1 only.
 from __future__ import annotations
 
 import argparse
+import functools
 import http.client
 import json
-import multiprocessing
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from cache import body_of, tokens
-from common import run_in_workdir, stop_process
+from common import ClosedLoad, run_in_workdir, stop_process
 from serve import BIN, MODEL_NAME, MODEL_PATH, ROOT, free_port, modelyard_env, percentile_ms, register_served
 
 RESULTS = ROOT / "bench" / "results" / "priority.json"
@@ -116,62 +115,17 @@ def _connect(port: int) -> http.client.HTTPConnection:
     return http.client.HTTPConnection("127.0.0.1", port, timeout=60)
 
 
-def _load_worker(args: tuple[int, str, int, int, float], out: Any) -> None:
-    """``connections`` keep-alive connections sending requests with ``token`` until ``duration`` has passed."""
-    port, token, seed, connections, duration = args
-    counts = {"requests": 0, "errors": 0}
-    lock = threading.Lock()
-    end = time.monotonic() + duration
-
-    def one_connection(index: int) -> None:
-        rng = np.random.default_rng([seed, index])
-        conn = _connect(port)
-        sent = failed = 0
-        while time.monotonic() < end:
-            body, headers = body_of(tokens(rng))
-            try:
-                conn.request("POST", PATH, body=body, headers={**headers, "Authorization": f"Bearer {token}"})
-                response = conn.getresponse()
-                response.read()
-                failed += response.status != 200
-            except OSError:
-                failed += 1
-                conn.close()
-                conn = _connect(port)
-            sent += 1
-        with lock:
-            counts["requests"] += sent
-            counts["errors"] += failed
-
-    threads = [threading.Thread(target=one_connection, args=(i,)) for i in range(connections)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    out.put(counts)
+def authorised_request(token: str, rng: np.random.Generator, sent: int) -> tuple[bytes, dict[str, str]]:
+    """A new request (binary tensors) with ``token``."""
+    body, headers = body_of(tokens(rng))
+    return body, {**headers, "Authorization": f"Bearer {token}"}
 
 
-class Load:
-    """``clients`` connections of the normal token over up to 4 processes, for ``duration`` seconds."""
-
-    def __init__(self, port: int, token: str, clients: int, duration: float, seed: int) -> None:
-        self.out: Any = multiprocessing.Queue()
-        self.workers = []
-        processes = min(clients, 4)
-        for index in range(processes):
-            share = clients // processes + (1 if index < clients % processes else 0)
-            args = (port, token, seed * 100 + index, share, duration)
-            worker = multiprocessing.Process(target=_load_worker, args=(args, self.out))
-            worker.start()
-            self.workers.append(worker)
-        self.duration = duration
-
-    def join(self) -> dict[str, Any]:
-        counts = [self.out.get() for _ in self.workers]
-        for worker in self.workers:
-            worker.join()
-        requests = sum(c["requests"] for c in counts)
-        return {"req_per_s": round(requests / self.duration, 1), "errors": sum(c["errors"] for c in counts)}
+def load(port: int, token: str, clients: int, duration: float, seed: int) -> ClosedLoad:
+    """``clients`` connections of the normal token over up to 4 processes, for ``duration`` seconds (started now)."""
+    return ClosedLoad(
+        port, PATH, clients=clients, duration=duration, seed=seed, make=functools.partial(authorised_request, token)
+    )
 
 
 def probe(port: int, token: str, duration: float, seed: int) -> dict[str, Any]:
@@ -207,10 +161,10 @@ def probe(port: int, token: str, duration: float, seed: int) -> dict[str, Any]:
 
 def under_load(port: int, made: dict[str, str], probe_token: str, args: argparse.Namespace, seed: int) -> dict:
     """The probe with ``probe_token`` while the normal clients saturate the server (started a second before)."""
-    load = Load(port, made["normal"], args.clients, args.duration + 2, seed)
+    running = load(port, made["normal"], args.clients, args.duration + 2, seed)
     time.sleep(1)  # the load's connections are open and its queue is full before the probe starts
     measured = probe(port, probe_token, args.duration, seed)
-    measured["load"] = load.join()
+    measured["load"] = running.join()
     return measured
 
 
@@ -218,7 +172,7 @@ def run(work: Path, args: argparse.Namespace) -> dict[str, Any]:
     process, port, made = start_server(work, args)
     try:
         probe(port, made["high"], args.warmup, seed=999)
-        Load(port, made["normal"], args.clients, args.warmup, seed=998).join()
+        load(port, made["normal"], args.clients, args.warmup, seed=998).join()
         rounds: list[dict[str, Any]] = []
         for number in range(1, args.rounds + 1):
             idle = probe(port, made["high"], args.duration, seed=number)
