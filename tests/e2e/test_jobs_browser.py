@@ -7,47 +7,21 @@ result once it succeeded. A job can be cancelled from its page.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-from django.core.management import call_command
 from playwright.sync_api import expect
 
-from modelyard.env import StorageConfig
 from registry import services
 from registry.models import InferenceJob, Role
 from registry.uploads import LocalUpload, version_upload
-from storage import get_storage
 from tests.support.onnx_models import add_model_bytes
-from tests.support.ui import PHONE, UiServer, csp_violations, login, person, shoot
+from tests.support.ui import PHONE, csp_violations, login, person, shoot
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.usefixtures("shared_storage")]
 
 ROWS = np.arange(4_000, dtype=np.float32).reshape(1_000, 4)
-
-
-@pytest.fixture(scope="module")
-def server(
-    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[UiServer]:
-    running = UiServer(tmp_path_factory.mktemp("jobs-ui-server"))
-    try:
-        yield running.start()
-    finally:
-        running.stop()
-        with django_db_blocker.unblock():
-            call_command("flush", interactive=False, verbosity=0)
-
-
-@pytest.fixture(autouse=True)
-def _shared_storage(server: UiServer, settings: Any) -> Iterator[None]:
-    settings.STORAGE = StorageConfig(kind="file", path=str(server.storage))
-    get_storage.cache_clear()
-    yield
-    get_storage.cache_clear()
 
 
 def _model(name: str) -> None:

@@ -3,34 +3,17 @@ account refused at the login form."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
 import pytest
 import requests
-from django.core.management import call_command
 from playwright.sync_api import expect
 
 from registry.access import services
 from registry.access.lockout import SERVICE_ACCOUNT_LOGIN
 from registry.audit.chain import SYSTEM
 from registry.models import ApiToken, AuditEvent, Role
-from tests.support.ui import LAPTOP, UiServer, login, person, shoot
+from tests.support.ui import LAPTOP, login, person, shoot
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(scope="module")
-def server(
-    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[UiServer]:
-    running = UiServer(tmp_path_factory.mktemp("ui-scopes"))
-    try:
-        yield running.start()
-    finally:
-        running.stop()
-        with django_db_blocker.unblock():
-            call_command("flush", interactive=False, verbosity=0)
 
 
 def test_a_limited_token_is_made_and_rotated_on_the_tokens_page(server, browser):

@@ -11,7 +11,6 @@ import base64
 import hashlib
 import json
 import re
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -19,11 +18,9 @@ from zoneinfo import ZoneInfo
 import pytest
 import requests
 from django.contrib.auth import get_user_model
-from django.core.management import call_command
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from modelyard.env import StorageConfig
 from registry import promotions, services, serving, tasks
 from registry.access import services as access
 from registry.audit.chain import Actor
@@ -39,39 +36,14 @@ from registry.models import (
 )
 from registry.serving import LoadedRow, LoadState, TrafficBucket, WorkerReport
 from registry.uploads import LocalUpload, version_upload
-from storage import get_storage
 from tests.support.onnx_models import add_model_bytes
 from tests.support.polling import eventually
 from tests.support.ui import LAPTOP, PHONE, UiServer, csp_violations, csrf_token, login, person, shoot
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.usefixtures("shared_storage")]
 
 X = [[0.5, 1.0, 1.5, 2.0]]
 MINUS = "\u2212"
-
-
-@pytest.fixture(scope="module")
-def server(
-    django_db_setup: None, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[UiServer]:
-    running = UiServer(tmp_path_factory.mktemp("ui-server"))
-    try:
-        yield running.start()
-    finally:
-        running.stop()
-        # The server heartbeats into the fleet table until it dies, after the last test's flush: the
-        # next test on this worker would see an "e2e-inference" member that is not its own.
-        with django_db_blocker.unblock():
-            call_command("flush", interactive=False, verbosity=0)
-
-
-@pytest.fixture(autouse=True)
-def _shared_storage(server: UiServer, settings: Any) -> Iterator[None]:
-    """This process writes where the server reads."""
-    settings.STORAGE = StorageConfig(kind="file", path=str(server.storage))
-    get_storage.cache_clear()
-    yield
-    get_storage.cache_clear()
 
 
 def upload(model: str, actor: Actor, **kwargs: Any) -> ModelVersion:
