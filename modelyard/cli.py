@@ -44,6 +44,25 @@ def _migrate() -> None:
         call_command("migrate", interactive=False, verbosity=0)
 
 
+def _setup_database() -> None:
+    """Django set up for a command that uses the database: the embedded one is migrated first (a first start)."""
+    _setup()
+    from django.conf import settings
+
+    if settings.EMBEDDED_DATABASE:
+        _migrate()
+
+
+def _token_by_prefix(command: str, prefix: str) -> Any:
+    """The API token with ``prefix`` (its user loaded), or None, having said so on stderr."""
+    from registry.models import ApiToken
+
+    token = ApiToken.objects.select_related("user").filter(prefix=prefix).first()
+    if token is None:
+        print(f"modelyard {command}: no API token with prefix '{prefix}'", file=sys.stderr)
+    return token
+
+
 def _serve_tls(args: argparse.Namespace) -> Any:
     """serve's TLS files (options, else MODELYARD_SSL_*), checked, and handed on to its worker processes."""
     from modelyard import tls
@@ -195,11 +214,9 @@ def beat(args: argparse.Namespace) -> int:
 
 def sign_versions(args: argparse.Namespace) -> int:
     """Sign the ready versions that have no registry signature (validated before signing existed)."""
-    _setup()
+    _setup_database()
     from django.conf import settings
 
-    if settings.EMBEDDED_DATABASE:
-        _migrate()
     from registry.provenance.services import versions_sign_unsigned
 
     signed = versions_sign_unsigned()
@@ -210,11 +227,7 @@ def sign_versions(args: argparse.Namespace) -> int:
 
 
 def createtoken(args: argparse.Namespace) -> int:
-    _setup()
-    from django.conf import settings
-
-    if settings.EMBEDDED_DATABASE:
-        _migrate()
+    _setup_database()
     from datetime import timedelta
 
     from registry.access import services
@@ -253,21 +266,15 @@ def _token_scope(token: Any) -> str:
 
 
 def rotatetoken(args: argparse.Namespace) -> int:
-    _setup()
-    from django.conf import settings
-
-    if settings.EMBEDDED_DATABASE:
-        _migrate()
+    _setup_database()
     from datetime import timedelta
 
     from registry.access import services
     from registry.audit.chain import SYSTEM
     from registry.errors import RegistryError
-    from registry.models import ApiToken
 
-    token = ApiToken.objects.select_related("user").filter(prefix=args.prefix).first()
+    token = _token_by_prefix("rotatetoken", args.prefix)
     if token is None:
-        print(f"modelyard rotatetoken: no API token with prefix '{args.prefix}'", file=sys.stderr)
         return 1
     try:
         new, raw = services.token_rotate(
@@ -293,11 +300,7 @@ def rotatetoken(args: argparse.Namespace) -> int:
 
 
 def createserviceaccount(args: argparse.Namespace) -> int:
-    _setup()
-    from django.conf import settings
-
-    if settings.EMBEDDED_DATABASE:
-        _migrate()
+    _setup_database()
     from registry.access import services
     from registry.audit.chain import SYSTEM
     from registry.errors import RegistryError
@@ -319,18 +322,12 @@ def createserviceaccount(args: argparse.Namespace) -> int:
 
 
 def revoketoken(args: argparse.Namespace) -> int:
-    _setup()
-    from django.conf import settings
-
-    if settings.EMBEDDED_DATABASE:
-        _migrate()
+    _setup_database()
     from registry.access import services
     from registry.audit.chain import SYSTEM
-    from registry.models import ApiToken
 
-    token = ApiToken.objects.select_related("user").filter(prefix=args.prefix).first()
+    token = _token_by_prefix("revoketoken", args.prefix)
     if token is None:
-        print(f"modelyard revoketoken: no API token with prefix '{args.prefix}'", file=sys.stderr)
         return 1
     owner = token.user.get_username()
     if token.revoked_at is not None:
