@@ -9,10 +9,7 @@ runs in ``make check-gpu-wheel`` (``scripts/check_gpu_wheel.py``), in a venv of 
 from __future__ import annotations
 
 import ctypes
-import os
-import subprocess
 import sys
-import textwrap
 from importlib.metadata import version as dist_version
 from pathlib import Path
 
@@ -36,6 +33,7 @@ from registry.models import InferenceWorker
 from tests.support.onnx_models import add_model_bytes
 from tests.support.polling import reconcile_until
 from tests.support.registry import create_model, promote, upload_versions
+from tests.support.settings_probe import settings_outcomes
 
 CPU_WHEEL = f"onnxruntime {dist_version('onnxruntime')}"
 NO_CUDA = (
@@ -307,25 +305,6 @@ def test_tensorrt_engine_cache_is_never_evicted_with_the_bundles(tmp_path):
     assert (engines / "model_sm90.engine").exists()
 
 
-SETTINGS_PROBE = textwrap.dedent(
-    """
-    import importlib, os, sys
-    from django.core.exceptions import ImproperlyConfigured
-    import modelyard.settings
-    for line in sys.stdin.read().splitlines():  # "NAME=value [NAME=value]" per case
-        pairs = dict(item.split("=", 1) for item in line.split())
-        os.environ.update(pairs)
-        try:
-            importlib.reload(modelyard.settings)
-            print("ok", modelyard.settings.CUDA_ARENA_STRATEGY)
-        except ImproperlyConfigured as exc:
-            print(exc)
-        for name in pairs:
-            del os.environ[name]
-    """
-)
-
-
 def test_bad_gpu_settings_stop_startup_naming_the_variable(tmp_path):
     cases = {
         "MODELYARD_CUDA_MEM_LIMIT_MB=lots": "MODELYARD_CUDA_MEM_LIMIT_MB: expected an integer, got 'lots'",
@@ -351,15 +330,4 @@ def test_bad_gpu_settings_stop_startup_naming_the_variable(tmp_path):
         ),
         "MODELYARD_REQUIRE_GPU=true MODELYARD_PROVIDERS=TensorrtExecutionProvider,cpu": "ok kNextPowerOfTwo",
     }
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("MODELYARD_", "DJANGO_SETTINGS"))}
-    env["MODELYARD_DATA_DIR"] = str(tmp_path)
-    done = subprocess.run(
-        [sys.executable, "-c", SETTINGS_PROBE],
-        input="\n".join(cases),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert done.stdout.splitlines() == list(cases.values())
+    assert settings_outcomes(tmp_path, cases, ["CUDA_ARENA_STRATEGY"]) == list(cases.values())

@@ -10,9 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -34,6 +32,7 @@ from inference.sessions import (
     run_at_priority,
     thread_nice,
 )
+from tests.support.settings_probe import settings_outcomes
 
 
 def foldable_model(path: Path, *, width: int = 8) -> Path:
@@ -300,24 +299,6 @@ def test_without_the_right_to_go_back_a_load_keeps_its_priority(monkeypatch):
         assert not lowered
 
 
-SETTINGS_PROBE = textwrap.dedent(
-    """
-    import importlib, os, sys
-    from django.core.exceptions import ImproperlyConfigured
-    import modelyard.settings as s
-    for line in sys.stdin.read().splitlines():
-        name, value = line.split("=", 1)
-        os.environ[name] = value
-        try:
-            importlib.reload(s)
-            print("ok", s.LOAD_NICE, s.ORT_OPTIMIZED_CACHE_MAX_BYTES)
-        except ImproperlyConfigured as exc:
-            print(exc)
-        del os.environ[name]
-    """
-)
-
-
 def test_bad_load_settings_stop_startup_naming_the_variable(tmp_path):
     cases = {
         "MODELYARD_LOAD_NICE=20": "MODELYARD_LOAD_NICE: must be at most 19, got 20",
@@ -330,15 +311,4 @@ def test_bad_load_settings_stop_startup_naming_the_variable(tmp_path):
         "MODELYARD_ORT_OPTIMIZED_CACHE_MAX_BYTES=1024": "ok 0 1024",
         "MODELYARD_LOAD_NICE_SECONDS=-1": "MODELYARD_LOAD_NICE_SECONDS: must be at least 0, got -1.0",
     }
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("MODELYARD_", "DJANGO_SETTINGS"))}
-    env["MODELYARD_DATA_DIR"] = str(tmp_path)
-    done = subprocess.run(
-        [sys.executable, "-c", SETTINGS_PROBE],
-        input="\n".join(cases),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert done.stdout.splitlines() == list(cases.values())
+    assert settings_outcomes(tmp_path, cases, ["LOAD_NICE", "ORT_OPTIMIZED_CACHE_MAX_BYTES"]) == list(cases.values())
