@@ -1,7 +1,8 @@
 """The /v2 REST endpoints: the Open Inference Protocol (KServe v2) with Triton's extensions.
 
-Binary tensors (and the raw binary request), model configuration, statistics, classification and
-the model repository's index; ``inference/grpc/`` serves the same data plane over gRPC.
+Binary tensors (and the raw binary request), model configuration, statistics, classification, the
+model repository's index and system shared memory (when turned on); ``inference/grpc/`` serves the
+same data plane over gRPC.
 
 A bare Starlette app over :class:`inference.dataplane.DataPlane`. Each endpoint decodes the HTTP
 request, calls the data plane and encodes its answer; every refusal is a domain error of
@@ -183,14 +184,20 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
             return error_response(exc, close=True)
         try:
             spec = admitted.loaded.spec
-            decoded = decode_request(body, request.headers.get(HEADER_LENGTH), spec.signature, model=spec.model)
+            decoded = decode_request(
+                body,
+                request.headers.get(HEADER_LENGTH),
+                spec.signature,
+                model=spec.model,
+                regions=lambda: plane.client_regions(bearer(request)),  # asked only by a request that names one
+            )
             decoded.klass = admitted.klass
             result = await plane.infer(model, ref, decoded, client_gone=_client_gone(request), draw=admitted.draw)
+            payload, headers = encode_response(  # may write outputs to shared memory, which may refuse
+                model=result.model, version=result.version, request=decoded, values=result.outputs, cached=result.cached
+            )
         except InferenceError as exc:
             return error_response(exc)
-        payload, headers = encode_response(
-            model=result.model, version=result.version, request=decoded, values=result.outputs, cached=result.cached
-        )
         return Response(payload, headers=headers)
 
     # --- extensions ----------------------------------------------------------------------------
@@ -224,6 +231,41 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
 
         return endpoint
 
+    def shared_memory(action: str) -> Callable[[Request], Awaitable[Response]]:
+        """Triton's system shared memory: the caller's regions' ``status``, ``register`` and ``unregister``."""
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                token = bearer(request) if plane.needs_token else ""
+                await plane.authorise(token)
+                name = request.path_params.get("name")
+                if action == "status":
+                    return JSONResponse(plane.shared_memory_status(token, name))
+                if action == "register":
+                    limit = BodyLimit(settings.MAX_REQUEST_BODY_BYTES, "MODELYARD_MAX_REQUEST_BODY_BYTES")
+                    key, offset, byte_size = _register_request(bytes(await read_body(request, limit)))
+                    plane.shared_memory_register(token, name, key, offset, byte_size)
+                else:
+                    plane.shared_memory_unregister(token, name)
+                return Response()
+            except InferenceError as exc:
+                return error_response(exc)
+
+        return endpoint
+
+    def cuda_shared_memory(action: str) -> Callable[[Request], Awaitable[Response]]:
+        """CUDA shared memory is not served: no regions, nothing to unregister, and registering refused."""
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                await plane.authorise(bearer(request) if plane.needs_token else "")
+                regions = plane.cuda_shared_memory(action, request.path_params.get("name"))
+            except InferenceError as exc:
+                return error_response(exc)
+            return JSONResponse(regions) if action == "status" else Response()
+
+        return endpoint
+
     # --- metrics -------------------------------------------------------------------------------
 
     async def prometheus(request: Request) -> Response:
@@ -251,6 +293,14 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
         Route("/v2/repository/models/{model}/load", repository_control("load"), methods=["POST"]),
         Route("/v2/repository/models/{model}/unload", repository_control("unload"), methods=["POST"]),
     ]
+    for kind, endpoint in (("systemsharedmemory", shared_memory), ("cudasharedmemory", cuda_shared_memory)):
+        routes += [
+            Route(f"/v2/{kind}/status", endpoint("status")),
+            Route(f"/v2/{kind}/region/{{name}}/status", endpoint("status")),
+            Route(f"/v2/{kind}/region/{{name}}/register", endpoint("register"), methods=["POST"]),
+            Route(f"/v2/{kind}/unregister", endpoint("unregister"), methods=["POST"]),
+            Route(f"/v2/{kind}/region/{{name}}/unregister", endpoint("unregister"), methods=["POST"]),
+        ]
     for prefix in _MODEL_PREFIXES:
         routes += [
             Route(prefix, model_metadata),
@@ -275,6 +325,19 @@ def _ready_only(body: bytes) -> bool:
     if not isinstance(parsed, dict) or not isinstance(parsed.get("ready", False), bool):
         raise InvalidInput("the repository index request must be a JSON object whose 'ready' is true or false")
     return bool(parsed.get("ready", False))
+
+
+def _register_request(body: bytes) -> tuple[Any, Any, Any]:
+    """The key, offset and byte size of a system shared memory register request (checked by the data plane)."""
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        parsed = None
+    if not isinstance(parsed, dict) or "key" not in parsed or "byte_size" not in parsed:
+        raise InvalidInput(
+            'the register request must be a JSON object such as {"key": "/input_simple", "offset": 0, "byte_size": 64}'
+        )
+    return parsed["key"], parsed.get("offset", 0), parsed["byte_size"]
 
 
 async def _route_error(request: Request, exc: Exception) -> Response:

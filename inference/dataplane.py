@@ -11,8 +11,8 @@ place: :meth:`DataPlane.admit` checks the token, the rate limit and the route, s
 and counts the request's outcome in the metrics (:class:`Admission`), so that every transport
 refuses the same way, in the same order, and is counted under the same labels. So are Triton's
 extensions that both transports serve: statistics (counted per loaded version,
-``inference/statistics.py``), classification (``inference/classification.py``) and the model
-repository's index.
+``inference/statistics.py``), classification (``inference/classification.py``), the model
+repository's index, and system shared memory when it is turned on (``inference/shared_memory.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import dataclasses
 import hashlib
 import random
 import time
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, NoReturn, TypeVar
 
@@ -44,9 +44,11 @@ from inference.errors import (
     OutOfMemory,
     Overloaded,
     RateLimited,
+    RegionNotFound,
     RepositoryReadOnly,
     RequestTimeout,
     Unauthorised,
+    Unsupported,
     outcome_status,
     run_failure,
 )
@@ -54,13 +56,15 @@ from inference.loaded import LoadedVersion, NotLoaded
 from inference.protocol import BodyLimit, InferRequest, InferResult
 from inference.runtime import InferenceRuntime
 from inference.sessions import GPU_PROVIDERS
+from inference.shared_memory import ANONYMOUS, Region, SharedMemory
 from inference.text import TEXT_INPUT
 from inference.throttle import Throttle, retry_after
 from registry.serving import REFUSED_GRANT, InferenceAccess, TokenGrant
 
 PLATFORM = "onnxruntime_onnx"
 # Only what is served: the repository extension's index answers, its load and unload refuse (models
-# are loaded by promotion), and there is no shared memory, sequence batching, tracing or logging.
+# are loaded by promotion), and there is no CUDA shared memory, sequence batching, tracing or logging.
+# System shared memory is added when it is turned on (MODELYARD_SHARED_MEMORY).
 EXTENSIONS = [
     "binary_tensor_data",
     "classification",
@@ -73,6 +77,14 @@ NEEDS_TOKEN = "a bearer token with the inference role is required"
 NEEDS_ROLE = (
     "inference needs the inference or admin role, and this token carries neither (a token carries the roles it "
     "names that its user holds): create one with `modelyard createtoken USER --only-role inference`"
+)
+SHARED_MEMORY_OFF = (
+    "system shared memory is turned off on this server: it serves /v2/systemsharedmemory and tensors in shared "
+    "memory regions only with MODELYARD_SHARED_MEMORY=true"
+)
+CUDA_SHARED_MEMORY = (
+    "CUDA shared memory is not served by Modelyard: pass tensors in the request, or in system shared memory "
+    "(/v2/systemsharedmemory, with MODELYARD_SHARED_MEMORY=true)"
 )
 OUT_OF_MEMORY = "the server has not enough memory for this request now; retry later or send a smaller one"
 RELOADING = "the model is being reloaded; retry"
@@ -187,6 +199,7 @@ class DataPlane:
         self.runtime = runtime
         self.tokens = tokens if tokens is not None else TokenCache()
         self._throttle: Throttle | None = None
+        self.shared_memory = SharedMemory()  # this process's registered regions, by client
         runtime.shadows.attach(self._shadow_run)
 
     # --- refusals before a request body is read ----------------------------------------------------
@@ -331,7 +344,8 @@ class DataPlane:
     # --- server ----------------------------------------------------------------------------------
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": "modelyard", "version": _server_version(), "extensions": EXTENSIONS}
+        extensions = sorted([*EXTENSIONS, "system_shared_memory"]) if settings.SHARED_MEMORY else EXTENSIONS
+        return {"name": "modelyard", "version": _server_version(), "extensions": extensions}
 
     def live(self) -> bool:
         return True
@@ -427,6 +441,53 @@ class DataPlane:
             f"alias at a ready version (PUT /api/v1/models/{model}/aliases/production, approved by a second person), "
             f"or stop serving it (PATCH /api/v1/models/{model}/aliases/<alias> with served false)"
         )
+
+    # --- shared memory -----------------------------------------------------------------------------
+
+    def _shared_client(self, token: str) -> str:
+        """The caller's scope of regions: its token's key, or the one anonymous scope when /v2 is public.
+
+        Raises :class:`Unsupported` when system shared memory is turned off.
+        """
+        if not settings.SHARED_MEMORY:
+            raise Unsupported(SHARED_MEMORY_OFF)
+        if settings.INFERENCE_PUBLIC:
+            return ANONYMOUS
+        return token_key(token) or ANONYMOUS  # a caller that got this far has a well-formed token
+
+    def client_regions(self, token: str) -> Mapping[str, Region]:
+        """The regions the caller with ``token`` registered, which its inference requests may name."""
+        return self.shared_memory.regions(self._shared_client(token))
+
+    def shared_memory_status(self, token: str, name: str | None = None) -> list[dict[str, Any]]:
+        """Triton's system shared memory status: the caller's regions, or its one region ``name``."""
+        return self.shared_memory.status(self._shared_client(token), name)
+
+    def shared_memory_register(self, token: str, name: Any, key: Any, offset: Any, byte_size: Any) -> None:
+        """Map a region for the caller, within ``MODELYARD_SHARED_MEMORY_MAX_REGIONS`` and ``_MAX_BYTES``."""
+        self.shared_memory.register(
+            self._shared_client(token),
+            name,
+            key,
+            offset,
+            byte_size,
+            max_regions=settings.SHARED_MEMORY_MAX_REGIONS,
+            max_bytes=settings.SHARED_MEMORY_MAX_BYTES,
+        )
+
+    def shared_memory_unregister(self, token: str, name: str | None = None) -> None:
+        """Unmap the caller's region ``name``, or all its regions."""
+        self.shared_memory.unregister(self._shared_client(token), name)
+
+    def cuda_shared_memory(self, action: str, name: str | None = None) -> list[dict[str, Any]]:
+        """CUDA shared memory is not served: no region is ever registered, so the status lists none and
+        unregistering does nothing (clients, Triton's examples among them, unregister before they start);
+        registering is :class:`Unsupported`."""
+        if action == "register":
+            raise Unsupported(CUDA_SHARED_MEMORY)
+        if action == "status" and name is not None:
+            raise RegionNotFound(f"Unable to find cuda shared memory region: '{name}': {CUDA_SHARED_MEMORY}")
+        return []
 
     def queue_depths(self) -> Iterator[tuple[LoadedVersion, int]]:
         """Requests waiting per loaded version, for versions that have taken requests and still serve."""

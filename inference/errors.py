@@ -88,6 +88,22 @@ class RepositoryReadOnly(InferenceError):
     """Models are loaded and unloaded by promotion in the registry, never through the protocol's repository calls."""
 
 
+class Unsupported(InferenceError):
+    """A protocol extension this server does not serve (CUDA shared memory), or one turned off here."""
+
+
+class RegionNotFound(InferenceError):
+    """No shared memory region of that name is registered for the caller."""
+
+
+class RegionExists(InferenceError):
+    """A shared memory region of that name is registered for the caller already (Triton refuses it too)."""
+
+
+class RegionLimit(InferenceError):
+    """Registering the region would pass the caller's limit of regions or mapped bytes."""
+
+
 # How ONNX Runtime words a failure that is not the request's fault, lowercased. Out of memory (the
 # device's or the host's) is worth a retry; the others mean the device or the runtime broke.
 _OUT_OF_MEMORY_WORDS = (
@@ -152,9 +168,12 @@ HTTP_STATUS: dict[type[InferenceError], tuple[int, bool]] = {
     InvalidInput: (400, False),
     InferenceFailed: (400, False),
     RepositoryReadOnly: (400, False),
+    RegionExists: (400, False),
+    RegionLimit: (400, False),
     Unauthorised: (401, False),
     Forbidden: (403, False),
     ModelNotFound: (404, False),
+    RegionNotFound: (404, False),
     BodyTimeout: (408, False),
     BodyTooLarge: (413, False),
     UnsupportedEncoding: (415, False),
@@ -164,6 +183,7 @@ HTTP_STATUS: dict[type[InferenceError], tuple[int, bool]] = {
     Overloaded: (503, True),
     OutOfMemory: (503, True),
     DeviceFailed: (500, False),
+    Unsupported: (501, False),  # Triton's "unsupported" is 501 too
     RequestTimeout: (504, False),
 }
 

@@ -13,7 +13,7 @@ import math
 import re
 import struct
 import zlib
-from collections.abc import Container, Iterable
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -22,6 +22,7 @@ import orjson
 
 from inference.batcher import CLASS_NORMAL
 from inference.errors import BodyTooLarge, InvalidInput, UnsupportedEncoding
+from inference.shared_memory import BYTE_SIZE, REGION, Region, SharedOutput, placement, write_output
 from onnxkit.datatypes import NUMPY_OF
 from onnxkit.tokenizer import TEXT_INPUT, TOKENIZER_FILE
 
@@ -54,6 +55,8 @@ class InferRequest:
     # The caller's priority class (``inference.batcher.CLASS_*``), ahead of ``priority`` in the batcher's
     # order. Not on the wire: the transport sets it from the token's grant (``Admission.klass``).
     klass: int = CLASS_NORMAL
+    # Outputs the client asked to have written into its shared memory regions (None: none, the usual case).
+    shared_outputs: dict[str, SharedOutput] | None = None
 
 
 class InferResult(NamedTuple):
@@ -412,7 +415,7 @@ def check_all_inputs(expected: dict[str, dict[str, Any]], inputs: dict[str, np.n
 
 
 def binary_tensor(
-    name: str, datatype: str, raw: memoryview | bytes, shape: list[int], count: int, *, size_name: str
+    name: str, datatype: str, raw: memoryview | bytes | bytearray, shape: list[int], count: int, *, size_name: str
 ) -> np.ndarray:
     """One input from its binary form: little-endian elements, or BYTES elements each after a 4-byte length."""
     if datatype == "BYTES":
@@ -460,15 +463,66 @@ def check_scheduling(priority: Any, timeout: Any) -> tuple[int, int | None]:
     return priority, timeout or None
 
 
+# What a transport hands the decoder: the caller's shared memory regions, asked for only by a request that names one
+# (it raises ``Unsupported`` when shared memory is turned off).
+RegionsOf = Callable[[], Mapping[str, Region]]
+
+
+def client_regions(regions: RegionsOf | None, what: str) -> Mapping[str, Region]:
+    """The caller's regions, for ``what`` (a tensor) that names one; refused where no transport offers any."""
+    if regions is None:
+        raise InvalidInput(f"{what}: shared memory regions are for /v2 and gRPC inference requests, not this one")
+    return regions()
+
+
+def shared_input(
+    name: str, datatype: str, parameters: Mapping[str, Any], shape: list[int], count: int, regions: RegionsOf | None
+) -> np.ndarray:
+    """An input read from the shared memory region its parameters name: copied out, in the binary form."""
+    what = f"input '{name}'"
+    where = placement(what, parameters, client_regions(regions, what))
+    if datatype != "BYTES":  # before copying anything: the size is known
+        need = count * np.dtype(NUMPY_OF[datatype]).itemsize
+        if where.byte_size != need:
+            raise InvalidInput(
+                f"{what}: shape {shape} of {datatype} needs {need} bytes, got {BYTE_SIZE} {where.byte_size}"
+            )
+    raw = where.region.read(where.offset, where.byte_size)
+    return binary_tensor(name, datatype, raw, shape, count, size_name=BYTE_SIZE)
+
+
+def shared_outputs(
+    requested: Iterable[tuple[Any, Mapping[str, Any]]], classification: Container[str], regions: RegionsOf | None
+) -> dict[str, SharedOutput] | None:
+    """The requested outputs whose parameters name a shared memory region, and where each goes; None for none."""
+    placed: dict[str, SharedOutput] | None = None
+    for name, parameters in requested:
+        if REGION not in parameters:
+            continue
+        what = f"output '{name}'"
+        if name in classification:
+            raise InvalidInput(f"{what}: classification results cannot be written to shared memory")
+        if placed is None:
+            placed = {}
+        placed[name] = placement(what, parameters, client_regions(regions, what))
+    return placed
+
+
 # --- The REST body ---------------------------------------------------------------------------------------------
 
 
 def decode_request(
-    body: bytes | bytearray, header_length: str | None, signature: dict[str, Any], *, model: str = ""
+    body: bytes | bytearray,
+    header_length: str | None,
+    signature: dict[str, Any],
+    *,
+    model: str = "",
+    regions: RegionsOf | None = None,
 ) -> InferRequest:
     """A /v2 request body (JSON, JSON followed by binary tensors, or one raw tensor) checked against ``signature``.
 
-    ``model``, the model's name, is for the messages that Triton words with it.
+    ``model``, the model's name, is for the messages that Triton words with it. ``regions`` gives the
+    caller's shared memory regions, for inputs read from them and outputs written to them.
     """
     if header_length is not None and header_length.strip() == "0":
         return decode_raw_request(body, signature, model=model)
@@ -485,8 +539,11 @@ def decode_request(
         name = item["name"]
         shape, count = check_input(name, item.get("datatype"), item.get("shape"), expected, inputs)
         datatype: str = item["datatype"]  # a known datatype by now
-        size = _parameters(item, f"input '{name}'").get("binary_data_size")
+        options = _parameters(item, f"input '{name}'")
+        size = options.get("binary_data_size")
         if size is not None:
+            if REGION in options:
+                raise InvalidInput(f"input '{name}' has binary_data_size as well as {REGION}; send one or the other")
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
                 raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer")
             if offset + size > len(binary):
@@ -497,6 +554,10 @@ def decode_request(
             raw = binary[offset : offset + size]
             offset += size
             inputs[name] = binary_tensor(name, datatype, raw, shape, count, size_name="binary_data_size")
+        elif REGION in options:
+            if item.get("data") is not None:
+                raise InvalidInput(f"input '{name}' has data as well as {REGION}; send one or the other")
+            inputs[name] = shared_input(name, datatype, options, shape, count, regions)
         else:
             inputs[name] = _from_json_data(name, datatype, item.get("data"), count).reshape(shape)
     if offset != len(binary):
@@ -511,6 +572,7 @@ def decode_request(
     requested = header.get("outputs")
     binary_all = bool(parameters.get("binary_data_output", False))
     classification: dict[str, int] = {}
+    placed = None
     if requested is None:
         outputs, binary_outputs = names, set(names) if binary_all else set()
     else:
@@ -524,6 +586,7 @@ def decode_request(
             asked.append((name, _parameters(item, f"output '{name}'") if name in names else {}))
         outputs, classification = check_outputs(asked, signature)
         binary_outputs = {name for name, options in asked if options.get("binary_data", binary_all)}
+        placed = shared_outputs(asked, classification, regions)
     request_id = header.get("id")
     if request_id is not None and (not isinstance(request_id, str | int | float) or isinstance(request_id, bool)):
         raise InvalidInput(f"'id' must be a string, got {type(request_id).__name__}")
@@ -537,6 +600,7 @@ def decode_request(
         priority=priority,
         timeout_us=timeout,
         classification=classification,
+        shared_outputs=placed,
     )
 
 
@@ -612,7 +676,7 @@ def output_datatype(array: np.ndarray) -> str:
 _DATATYPE_OF_DTYPE: dict[np.dtype[Any], str] = {}  # output_datatype's answers for the few numeric dtypes
 
 
-def _binary_view(array: np.ndarray, datatype: str) -> bytes | memoryview:
+def binary_view(array: np.ndarray, datatype: str) -> bytes | memoryview:
     """An output in the binary form: little-endian elements, or BYTES elements each after a 4-byte length.
 
     Numbers come as a view of the (little-endian, contiguous) array's own memory, not a copy.
@@ -624,8 +688,8 @@ def _binary_view(array: np.ndarray, datatype: str) -> bytes | memoryview:
 
 
 def binary_output(array: np.ndarray, datatype: str) -> bytes:
-    """:func:`_binary_view` as ``bytes`` (what a protobuf field takes): one copy of the elements."""
-    return bytes(_binary_view(array, datatype))
+    """:func:`binary_view` as ``bytes`` (what a protobuf field takes): one copy of the elements."""
+    return bytes(binary_view(array, datatype))
 
 
 def _bytes_payload(array: np.ndarray) -> bytes:
@@ -669,11 +733,14 @@ def encode_response(
     """The response body and headers: plain JSON, or JSON followed by binary outputs."""
     outputs = []
     blobs: list[bytes | memoryview] = []
+    shared = request.shared_outputs
     for name in request.outputs:
         array = values[name]
         entry: dict[str, Any] = {"name": name, "datatype": output_datatype(array), "shape": list(array.shape)}
-        if name in request.binary_outputs:
-            blob = _binary_view(array, entry["datatype"])
+        if shared is not None and name in shared:  # written into the client's region: no data in the answer
+            entry["parameters"] = write_output(name, shared[name], binary_view(array, entry["datatype"]))
+        elif name in request.binary_outputs:
+            blob = binary_view(array, entry["datatype"])
             entry["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         else:

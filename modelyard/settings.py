@@ -493,6 +493,12 @@ _v2_rate = env_rate("MODELYARD_V2_RATE", "off")
 V2_RATE = parse_rate(_v2_rate) if _v2_rate else None  # (requests, period in seconds)
 # Token verdicts /v2 keeps in memory (each for 5 s, so a revoked token stops working within 5 s).
 V2_TOKEN_CACHE_ENTRIES = env_int("MODELYARD_V2_TOKEN_CACHE_ENTRIES", 10_000, minimum=1)
+# Triton's system shared memory (/v2/systemsharedmemory and its gRPC calls): clients on this host pass tensors
+# in POSIX shared memory regions they register (docs/inference/shared-memory.md). Off unless asked for; then
+# each client (token) may map at most so many regions and bytes in each inference process.
+SHARED_MEMORY = env_bool("MODELYARD_SHARED_MEMORY", False)
+SHARED_MEMORY_MAX_REGIONS = env_int("MODELYARD_SHARED_MEMORY_MAX_REGIONS", 16, minimum=1)
+SHARED_MEMORY_MAX_BYTES = env_int("MODELYARD_SHARED_MEMORY_MAX_BYTES", 256 * 1024**2, minimum=1)
 # gRPC (inference.GRPCInferenceService) beside /v2 in every inference process; port 0 turns it off.
 # `modelyard serve` sets these from --grpc-port, --host and --workers.
 GRPC_PORT = env_int("MODELYARD_GRPC_PORT", 8001, minimum=0)

@@ -21,16 +21,21 @@ from inference.grpc import grpc_service_pb2 as pb
 from inference.protocol import (
     InferRequest,
     InferResult,
+    RegionsOf,
     binary_output,
     binary_tensor,
+    binary_view,
     check_all_inputs,
     check_input,
     check_outputs,
     check_scheduling,
     expected_inputs,
     output_datatype,
+    shared_input,
+    shared_outputs,
     string_array,
 )
+from inference.shared_memory import BYTE_SIZE, REGION, write_output
 from onnxkit.datatypes import NUMPY_OF
 
 # The typed contents field of each datatype (FP16 has none: it travels raw only).
@@ -101,33 +106,57 @@ def _typed(tensor: pb.ModelInferRequest.InferInputTensor, shape: list[int], coun
         raise InvalidInput(f"input '{name}': contents.{field} do not fit {datatype}: {exc}") from None
 
 
-def decode_infer_request(message: pb.ModelInferRequest, signature: dict[str, Any]) -> InferRequest:
-    """A ``ModelInferRequest`` checked against the version's signature, as ``decode_request`` checks a REST body."""
+def decode_infer_request(
+    message: pb.ModelInferRequest, signature: dict[str, Any], *, regions: RegionsOf | None = None
+) -> InferRequest:
+    """A ``ModelInferRequest`` checked against the version's signature, as ``decode_request`` checks a REST body.
+
+    ``regions`` gives the caller's shared memory regions. An input read from one has no entry in
+    ``raw_input_contents`` (tritonclient sends none), so the entries belong to the other inputs, in order.
+    """
     if not message.inputs:
         raise InvalidInput("the request needs a non-empty 'inputs' list")
     raw = message.raw_input_contents
-    if raw and len(raw) != len(message.inputs):
-        raise InvalidInput(
-            f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs: give one per input, "
-            "in the order of the inputs, or none"
-        )
+    from_shared = False  # whether any input was read from shared memory
+    if raw and len(raw) != len(message.inputs):  # inputs read from shared memory have no raw entry
+        sent = len(message.inputs) - sum(REGION in tensor.parameters for tensor in message.inputs)
+        if len(raw) != sent:
+            raise InvalidInput(
+                f"raw_input_contents has {len(raw)} entries for {sent} inputs: give one per input not in shared "
+                "memory, in the order of the inputs, or none"
+            )
     expected = expected_inputs(signature)
     inputs: dict[str, np.ndarray] = {}
-    for index, tensor in enumerate(message.inputs):
+    next_raw = 0
+    for tensor in message.inputs:
         name = tensor.name
         shape, count = check_input(name, tensor.datatype, list(tensor.shape), expected, inputs)
-        if raw:
+        if REGION in tensor.parameters:
+            if tensor.HasField("contents"):
+                raise InvalidInput(f"input '{name}' has contents as well as {REGION}; send one or the other")
+            parameters = {k: parameter(v) for k, v in tensor.parameters.items()}
+            inputs[name] = shared_input(name, tensor.datatype, parameters, shape, count, regions)
+            from_shared = True
+        elif raw:
             if tensor.HasField("contents"):
                 raise InvalidInput(f"input '{name}' has contents as well as raw_input_contents; send one or the other")
             inputs[name] = binary_tensor(
-                name, tensor.datatype, raw[index], shape, count, size_name="raw_input_contents of"
+                name, tensor.datatype, raw[next_raw], shape, count, size_name="raw_input_contents of"
             )
+            next_raw += 1
         else:
             inputs[name] = _typed(tensor, shape, count)
+    if next_raw != len(raw):  # as many entries as inputs, some of them read from shared memory
+        raise InvalidInput(
+            f"raw_input_contents has {len(raw)} entries for {next_raw} inputs: give one per input not in shared "
+            "memory, in the order of the inputs, or none"
+        )
     check_all_inputs(expected, inputs)
+    placed = None
     if message.outputs:
         requested = [(o.name, {k: parameter(v) for k, v in o.parameters.items()}) for o in message.outputs]
         outputs, classification = check_outputs(requested, signature)
+        placed = shared_outputs(requested, classification, regions)
     else:
         outputs, classification = [spec["name"] for spec in signature.get("outputs", [])], {}
     parameters = message.parameters
@@ -138,11 +167,13 @@ def decode_infer_request(message: pb.ModelInferRequest, signature: dict[str, Any
         id=message.id or None,
         inputs=inputs,
         outputs=outputs,
-        binary_outputs=set(outputs) if raw else set(),
+        # Raw outputs when the inputs came raw or from shared memory (tritonclient's; it reads nothing else).
+        binary_outputs=set(outputs) if raw or from_shared else set(),
         signature=signature,
         priority=priority,
         timeout_us=timeout_us,
         classification=classification,
+        shared_outputs=placed,
     )
 
 
@@ -154,9 +185,16 @@ def encode_infer_response(result: InferResult, request: InferRequest) -> pb.Mode
     arrays = [(name, result.outputs[name]) for name in request.outputs]
     datatypes = [output_datatype(array) for _, array in arrays]
     raw = bool(request.binary_outputs) or "FP16" in datatypes
+    shared = request.shared_outputs
     for (name, array), datatype in zip(arrays, datatypes, strict=True):
         tensor = response.outputs.add(name=name, datatype=datatype, shape=array.shape)
-        if raw:
+        if shared is not None and name in shared:  # written into the client's region: no data in the answer
+            written = write_output(name, shared[name], binary_view(array, datatype))
+            tensor.parameters[REGION].string_param = written[REGION]
+            tensor.parameters[BYTE_SIZE].int64_param = written[BYTE_SIZE]
+            if raw:
+                response.raw_output_contents.append(b"")  # keeps one entry per output, in order
+        elif raw:
             response.raw_output_contents.append(binary_output(array, datatype))
         elif datatype == "BYTES":
             tensor.contents.bytes_contents.extend(

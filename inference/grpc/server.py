@@ -46,9 +46,13 @@ from inference.errors import (
     OutOfMemory,
     Overloaded,
     RateLimited,
+    RegionExists,
+    RegionLimit,
+    RegionNotFound,
     RepositoryReadOnly,
     RequestTimeout,
     Unauthorised,
+    Unsupported,
     UnsupportedEncoding,
     outcome_status,
 )
@@ -68,6 +72,10 @@ STATUS: dict[type[InferenceError], tuple[grpc.StatusCode, bool]] = {
     InferenceFailed: (grpc.StatusCode.INVALID_ARGUMENT, False),
     UnsupportedEncoding: (grpc.StatusCode.INVALID_ARGUMENT, False),
     RepositoryReadOnly: (grpc.StatusCode.FAILED_PRECONDITION, False),
+    Unsupported: (grpc.StatusCode.UNIMPLEMENTED, False),
+    RegionExists: (grpc.StatusCode.ALREADY_EXISTS, False),
+    RegionLimit: (grpc.StatusCode.RESOURCE_EXHAUSTED, False),
+    RegionNotFound: (grpc.StatusCode.NOT_FOUND, False),
     Unauthorised: (grpc.StatusCode.UNAUTHENTICATED, False),
     Forbidden: (grpc.StatusCode.PERMISSION_DENIED, False),
     ModelNotFound: (grpc.StatusCode.NOT_FOUND, False),
@@ -237,7 +245,11 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         status = 200
         try:
             try:
-                decoded = decode_infer_request(request, admitted.loaded.spec.signature)
+                decoded = decode_infer_request(
+                    request,
+                    admitted.loaded.spec.signature,
+                    regions=lambda: plane.client_regions(_bearer(context)),  # asked only when a tensor names one
+                )
             except MemoryError:
                 raise OutOfMemory(OUT_OF_MEMORY) from None
             decoded.klass = admitted.klass  # the token's priority class, ahead of the request's priority
@@ -350,6 +362,73 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             self.plane.repository_control(request.model_name, "unload")
         except InferenceError as exc:
             await self._refuse(context, exc)
+
+    # --- shared memory -----------------------------------------------------------------------------
+
+    async def _token(self, context: grpc.aio.ServicerContext) -> str:
+        """The caller's token once it is judged (the key of its shared memory regions); "" when /v2 is public."""
+        token = _bearer(context) if self.plane.needs_token else ""
+        await self.plane.authorise(token)
+        return token
+
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        try:
+            regions = self.plane.shared_memory_status(await self._token(context), request.name or None)
+        except InferenceError as exc:
+            await self._refuse(context, exc)
+        status = pb.SystemSharedMemoryStatusResponse.RegionStatus
+        return pb.SystemSharedMemoryStatusResponse(regions={r["name"]: status(**r) for r in regions})
+
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        try:
+            token = await self._token(context)
+            self.plane.shared_memory_register(token, request.name, request.key, request.offset, request.byte_size)
+        except InferenceError as exc:
+            await self._refuse(context, exc)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        try:
+            self.plane.shared_memory_unregister(await self._token(context), request.name or None)
+        except InferenceError as exc:
+            await self._refuse(context, exc)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: Any
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        try:
+            await self._token(context)
+            self.plane.cuda_shared_memory("status", request.name or None)
+        except InferenceError as exc:
+            await self._refuse(context, exc)
+        return pb.CudaSharedMemoryStatusResponse()
+
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        try:
+            await self._token(context)
+            self.plane.cuda_shared_memory("register", request.name)
+        except InferenceError as exc:
+            await self._refuse(context, exc)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        try:
+            await self._token(context)
+            self.plane.cuda_shared_memory("unregister", request.name or None)
+        except InferenceError as exc:
+            await self._refuse(context, exc)
+        return pb.CudaSharedMemoryUnregisterResponse()
 
 
 class GrpcServer:

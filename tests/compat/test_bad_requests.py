@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from inference.dataplane import CUDA_SHARED_MEMORY, SHARED_MEMORY_OFF
 from tests.support.v2server import V2Server
 
 ADDER = "/v2/models/adder/infer"
@@ -406,7 +407,8 @@ def test_mangled_requests_never_get_a_500(v2: V2Server):
 @pytest.mark.parametrize(
     ("method", "path", "status", "message"),
     [
-        ("GET", "/v2/systemsharedmemory/status", 404, "no such endpoint: GET /v2/systemsharedmemory/status"),
+        ("GET", "/v2/systemsharedmemory/status", 501, SHARED_MEMORY_OFF),
+        ("POST", "/v2/cudasharedmemory/region/gpu/register", 501, CUDA_SHARED_MEMORY),
         (
             "GET",
             "/v2/models/adder/versions/1/trace/setting",

@@ -12,7 +12,7 @@ import tritonclient.http as httpclient
 import tritonclient.http.aio as aioclient
 from tritonclient.utils import InferenceServerException
 
-from inference.dataplane import NEEDS_ROLE, NEEDS_TOKEN
+from inference.dataplane import NEEDS_ROLE, NEEDS_TOKEN, SHARED_MEMORY_OFF
 from tests.support.onnx_compat import DATATYPES
 from tests.support.tensors import assert_same, sample
 from tests.support.v2server import V2Server
@@ -220,11 +220,18 @@ def test_nan_in_json_input_is_refused_because_json_has_none(client):
     )
 
 
-def test_an_endpoint_we_do_not_have_raises_our_message(client):
+def test_an_extension_turned_off_raises_our_message(client):
     with pytest.raises(InferenceServerException) as caught:
         client.get_system_shared_memory_status()
+    assert caught.value.status() == "501"
+    assert caught.value.message() == SHARED_MEMORY_OFF
+
+
+def test_an_endpoint_we_do_not_have_raises_our_message(client):
+    with pytest.raises(InferenceServerException) as caught:
+        client.update_trace_settings(model_name="adder", settings={"trace_level": ["TIMESTAMPS"]})
     assert caught.value.status() == "404"
-    assert caught.value.message() == "no such endpoint: GET /v2/systemsharedmemory/status"
+    assert caught.value.message() == "no such endpoint: POST /v2/models/adder/trace/setting"
 
 
 def test_request_id_is_echoed(client):

@@ -92,6 +92,12 @@ def test_every_rpc_is_tritons_and_the_ones_served_are_all_there():
             "RepositoryIndex",
             "RepositoryModelLoad",
             "RepositoryModelUnload",
+            "SystemSharedMemoryStatus",
+            "SystemSharedMemoryRegister",
+            "SystemSharedMemoryUnregister",
+            "CudaSharedMemoryStatus",
+            "CudaSharedMemoryRegister",
+            "CudaSharedMemoryUnregister",
         ]
     )
 
