@@ -14,7 +14,8 @@ What it does, all on 127.0.0.1 and cleaned up afterwards:
    messages this run queued are removed at the end);
 4. streams model.onnx + weights.bin as one multipart request (the client never holds a file in
    memory) while sampling the server's RSS every 50 ms from /proc;
-5. uploads the same two files with boto3 ``upload_file`` (default TransferConfig) to the same
+5. uploads the same two files with boto3 ``upload_file`` (default TransferConfig, and the server's client
+   setting: no SHA-256 of each part's body for its signature) to the same
    endpoint, for comparison.
 
 It prints a table and writes bench/results/upload.json. The server's RSS growth should stay
@@ -253,6 +254,7 @@ def mb_per_s(size: int, seconds: float) -> float:
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import boto3
+    from botocore.config import Config
 
     aws = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
     os.environ.update(aws)
@@ -270,7 +272,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     try:
         assert moto.stdout is not None
         endpoint = f"http://127.0.0.1:{int(moto.stdout.readline())}"
-        s3 = boto3.session.Session().client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        # The server's client settings (storage/s3.py): no SHA-256 of each part's body for its signature.
+        s3 = boto3.session.Session().client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            config=Config(s3={"payload_signing_enabled": False}),
+        )
         s3.create_bucket(Bucket=BUCKET)
 
         print("checking a small copy of the model with onnx.checker and ONNX Runtime ...", flush=True)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 from collections.abc import Iterator
+from typing import Any
 
+import boto3
 import pytest
 
 from storage import ObjectExists, ObjectNotFound, StorageUnavailable
@@ -157,6 +160,42 @@ def test_s3_multipart_write_of_a_non_seekable_stream_stores_exact_bytes(s3_endpo
     assert head["ContentLength"] == len(data)
     assert head["ETag"].strip('"').endswith("-3")  # a three-part multipart upload
     assert read_all(store, "big/weights.bin") == data
+
+
+def test_s3_writes_send_unsigned_payloads_with_a_crc32_of_each_part(s3_endpoint, s3_bucket, s3_client):
+    """No SHA-256 of the body for the signature, even over plain HTTP; each part still carries its checksum."""
+    chunk_bytes = 5 * 1024 * 1024
+    store = S3Storage(
+        bucket=s3_bucket,
+        prefix="pfx",
+        endpoint_url=s3_endpoint,
+        addressing_style="path",
+        multipart_chunk_bytes=chunk_bytes,
+    )
+    sent: list[tuple[str, str, bool]] = []
+
+    def record(request: Any, **_: Any) -> None:
+        headers = request.headers
+        checksum = any(name.lower().startswith("x-amz-checksum-") for name in headers)
+        sent.append((request.method, headers.get("X-Amz-Content-SHA256", b"").decode(), checksum))
+
+    store.client.meta.events.register("before-send.s3.PutObject", record)
+    store.client.meta.events.register("before-send.s3.UploadPart", record)
+    data = os.urandom(2 * chunk_bytes + 10)
+    store.write("small.bin", io.BytesIO(b"small"))
+    store.write("big.bin", io.BytesIO(data))
+
+    assert sent == [("PUT", "UNSIGNED-PAYLOAD", True)] * 4  # one PutObject, three parts
+    assert read_all(store, "small.bin") == b"small"
+    assert read_all(store, "big.bin") == data
+    # The rule has something to hold: botocore's default signs the body over HTTP.
+    default = boto3.session.Session().client("s3", endpoint_url=s3_endpoint, region_name="us-east-1")
+    signed: list[str] = []
+    default.meta.events.register(
+        "before-send.s3.PutObject", lambda request, **_: signed.append(request.headers["X-Amz-Content-SHA256"].decode())
+    )
+    default.put_object(Bucket=s3_bucket, Key="pfx/default.bin", Body=b"small")
+    assert signed == [hashlib.sha256(b"small").hexdigest()]
 
 
 @pytest.fixture
