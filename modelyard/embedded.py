@@ -49,8 +49,11 @@ class EmbeddedScheduler(threading.Thread):
                 if not imported:
                     # Registers the autodiscovered tasks, at the first job and not at start: the task
                     # modules import the whole registry (onnx, validation), a second of a server's
-                    # start on a slow CPU, spent while it is loading its models.
-                    app.loader.import_default_modules()
+                    # start on a slow CPU, spent while it is loading its models. A job thread may be
+                    # discovering them at the same moment: registry.queueing lets one do it.
+                    from registry.queueing import register_tasks
+
+                    register_tasks()
                     imported = True
                 next_run[name] = now + interval
                 try:

@@ -33,10 +33,26 @@ DERIVE_TASK = "registry.derive_tasks.derive_version"
 PURGE_TASK = "registry.tasks.purge_deleted_version"
 
 
+# Discovering the task modules runs Celery's Django fix-up (the system checks, the URLconf) and imports the
+# whole registry: one thread at a time, since the embedded beat and the job threads may both ask first.
+_DISCOVERY = threading.Lock()
+_discovered = False
+
+
+def register_tasks(name: str | None = None) -> None:
+    """Discover and register the task modules, once (with ``name``: unless that task is registered already)."""
+    global _discovered
+    with _DISCOVERY:
+        if _discovered or (name is not None and name in current_app.tasks):
+            return
+        current_app.loader.import_default_modules()
+        _discovered = True
+
+
 def task(name: str) -> Any:
     """The Celery task registered as ``name``; the task modules are discovered on first use, as a worker does."""
     if name not in current_app.tasks:
-        current_app.loader.import_default_modules()
+        register_tasks(name)
     return current_app.tasks[name]
 
 
