@@ -8,6 +8,7 @@ simple_grpc_shm_client and reuse_infer_objects_client, on the same ``simple`` mo
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -306,6 +307,16 @@ def test_a_token_without_the_inference_role_is_refused(v2, settings):
 
 
 # --- refusals when registering ------------------------------------------------------------------------------
+
+
+def test_a_register_request_with_only_its_required_fields_maps_the_region_from_offset_0(v2, http, regions):
+    _, key = regions.create("bare", SIZE)
+    body = json.dumps({"key": key, "byte_size": SIZE}).encode()  # no offset: it is optional
+    response = v2.request("POST", "/v2/systemsharedmemory/region/bare/register", body)
+    assert (response.status, response.body) == (200, b"")
+    status = http.get_system_shared_memory_status("bare")
+    assert status == [{"name": "bare", "key": key, "offset": 0, "byte_size": SIZE}]
+    http.unregister_system_shared_memory("bare")
 
 
 def test_registering_a_name_twice_is_refused(http, grpc, regions):
