@@ -36,7 +36,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from common import run_in_workdir, stop_process
 
@@ -252,35 +252,124 @@ def mb_per_s(size: int, seconds: float) -> float:
     return size / 1e6 / seconds if seconds > 0 else float("inf")
 
 
-def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def post_raw(port: int, path: Path) -> tuple[int, Any]:
+    """POST one file's bytes as the raw body, streamed from disk in 1 MiB pieces (``bench/relay_floor.py``)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
+    conn.putrequest("POST", f"/{path.name}")
+    conn.putheader("Content-Length", str(path.stat().st_size))
+    conn.endheaders()
+    with path.open("rb") as source:
+        while chunk := source.read(MIB):
+            conn.send(chunk)
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    return response.status, json.loads(data)
+
+
+def relay_floor(store_args: list[str], files: list[Path], digests: dict[str, str], work: Path) -> float:
+    """Seconds to pass ``files`` through ``bench/relay_floor.py`` to the same store; every sha256 checked."""
+    port = free_port()
+    log = (work / "relay-floor.log").open("wb")
+    floor = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "relay_floor.py"), "--port", str(port), *store_args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if request(port, "GET", "/", "")[0] == 200:
+                    break
+            except OSError:
+                if time.monotonic() > deadline or floor.poll() is not None:
+                    output = (work / "relay-floor.log").read_text()
+                    raise RuntimeError(f"bench/relay_floor.py did not start: {output}") from None
+                time.sleep(0.1)
+        print("uploading the same files through the relay floor (bench/relay_floor.py) ...", flush=True)
+        started = time.monotonic()
+        for path in files:
+            status, body = post_raw(port, path)
+            assert status == 200 and body["sha256"] == digests[path.name], (path.name, status, body)
+        return time.monotonic() - started
+    finally:
+        stop_process(floor)
+        log.close()
+
+
+def copy_to_folder(files: list[Path], folder: Path) -> float:
+    """Seconds to write ``files`` into ``folder`` as the local store does (1 MiB pieces, fsync), with no server."""
+    folder.mkdir(parents=True)
+    started = time.monotonic()
+    for path in files:
+        with path.open("rb") as source, (folder / path.name).open("wb") as out:
+            while chunk := source.read(MIB):
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+    return time.monotonic() - started
+
+
+def start_moto(work: Path) -> tuple[subprocess.Popen[bytes], str, Any]:
+    """moto's S3 server in a child process, with its one bucket, and a boto3 client with the server's setting."""
     import boto3
     from botocore.config import Config
 
-    aws = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
-    os.environ.update(aws)
     moto_tmp = work / "moto-tmp"
     moto_tmp.mkdir()
-    moto_log = (work / "moto.log").open("wb")
-    moto = subprocess.Popen(
-        [sys.executable, "-c", MOTO_SERVER],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=moto_log,
-        env={**os.environ, "TMPDIR": str(moto_tmp)},
+    with (work / "moto.log").open("wb") as moto_log:
+        moto = subprocess.Popen(
+            [sys.executable, "-c", MOTO_SERVER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=moto_log,
+            env={**os.environ, "TMPDIR": str(moto_tmp)},
+        )
+    assert moto.stdout is not None
+    endpoint = f"http://127.0.0.1:{int(moto.stdout.readline())}"
+    # The server's client settings (storage/s3.py): no SHA-256 of each part's body for its signature.
+    s3 = boto3.session.Session().client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1", config=Config(s3={"payload_signing_enabled": False})
     )
+    s3.create_bucket(Bucket=BUCKET)
+    return moto, endpoint, s3
+
+
+def stop_moto(moto: subprocess.Popen[bytes]) -> None:
+    if moto.stdin:
+        moto.stdin.close()
+    try:
+        moto.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        moto.kill()
+        moto.wait()
+
+
+def stored_sizes(args: argparse.Namespace, s3: Any, work: Path) -> list[dict[str, int]]:
+    """The size of each file of each upload the server stored, by folder."""
+    uploads: dict[str, dict[str, int]] = {}
+    if args.store == "s3":
+        listing = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"bench/artifacts/{MODEL_NAME}/")
+        for item in listing.get("Contents", []):
+            folder, name = item["Key"].rsplit("/", 1)
+            uploads.setdefault(folder, {})[name] = item["Size"]
+    else:
+        for path in (work / "data" / "artifacts").rglob("*"):
+            if path.is_file() and not path.name.startswith("."):
+                uploads.setdefault(str(path.parent), {})[path.name] = path.stat().st_size
+    return list(uploads.values())
+
+
+def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    aws = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+    os.environ.update(aws)
+    moto: subprocess.Popen[bytes] | None = None
+    endpoint, s3 = "", cast(Any, None)
+    if args.store == "s3":
+        moto, endpoint, s3 = start_moto(work)
     server: subprocess.Popen[bytes] | None = None
     try:
-        assert moto.stdout is not None
-        endpoint = f"http://127.0.0.1:{int(moto.stdout.readline())}"
-        # The server's client settings (storage/s3.py): no SHA-256 of each part's body for its signature.
-        s3 = boto3.session.Session().client(
-            "s3",
-            endpoint_url=endpoint,
-            region_name="us-east-1",
-            config=Config(s3={"payload_signing_enabled": False}),
-        )
-        s3.create_bucket(Bucket=BUCKET)
-
         print("checking a small copy of the model with onnx.checker and ONNX Runtime ...", flush=True)
         check_small_copy(work / "small")
         size = args.size_mb * MIB
@@ -294,15 +383,20 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         env.update(
             {
                 "MODELYARD_DATA_DIR": str(work / "data"),
-                "MODELYARD_STORAGE_URL": f"s3://{BUCKET}/bench",
-                "MODELYARD_S3_ENDPOINT_URL": endpoint,
-                "MODELYARD_S3_ADDRESSING_STYLE": "path",
-                "MODELYARD_S3_REGION": "us-east-1",
                 "MODELYARD_MAX_UPLOAD_BYTES": str(total * 2 + 10 * MIB),
                 "MODELYARD_BROKER_URL": BROKER_URL,
                 "MODELYARD_LOG_LEVEL": "WARNING",
             }
         )
+        if args.store == "s3":
+            env.update(
+                {
+                    "MODELYARD_STORAGE_URL": f"s3://{BUCKET}/bench",
+                    "MODELYARD_S3_ENDPOINT_URL": endpoint,
+                    "MODELYARD_S3_ADDRESSING_STYLE": "path",
+                    "MODELYARD_S3_REGION": "us-east-1",
+                }
+            )
         if args.chunk_mb:
             env["MODELYARD_S3_MULTIPART_CHUNK_MB"] = str(args.chunk_mb)
         if args.concurrency:
@@ -356,30 +450,32 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         stored = {f["name"]: f for f in body["files"]}
         for name, digest in digests.items():
             assert stored[name]["sha256"] == digest, (name, stored[name], digest)
-        listing = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"bench/artifacts/{MODEL_NAME}/")
-        uploads: dict[str, dict[str, int]] = {}
-        for item in listing.get("Contents", []):
-            folder, name = item["Key"].rsplit("/", 1)
-            uploads.setdefault(folder, {})[name] = item["Size"]
         expected = {path.name: path.stat().st_size for path in files}
-        assert expected in uploads.values(), (expected, uploads)
+        assert expected in stored_sizes(args, s3, work), (expected, stored_sizes(args, s3, work))
         stop_process(server)
         dropped = drop_queued_messages(server.pid)
         server = None
 
-        print("uploading the same files with boto3 upload_file ...", flush=True)
-        started = time.monotonic()
-        for path in files:
-            s3.upload_file(str(path), BUCKET, f"boto3/{path.name}")
-        boto3_s = time.monotonic() - started
-        head = s3.head_object(Bucket=BUCKET, Key="boto3/weights.bin")
-        assert head["ContentLength"] == files[1].stat().st_size
+        if args.store == "s3":
+            floor_s = relay_floor(["--s3-endpoint", endpoint, "--bucket", BUCKET], files, digests, work)
+            print("uploading the same files with boto3 upload_file ...", flush=True)
+            started = time.monotonic()
+            for path in files:
+                s3.upload_file(str(path), BUCKET, f"boto3/{path.name}")
+            direct_s = time.monotonic() - started
+            head = s3.head_object(Bucket=BUCKET, Key="boto3/weights.bin")
+            assert head["ContentLength"] == files[1].stat().st_size
+        else:
+            floor_s = relay_floor(["--folder", str(work / "relay")], files, digests, work)
+            print("copying the same files into a folder (1 MiB pieces, fsync), no server ...", flush=True)
+            direct_s = copy_to_folder(files, work / "copy")
 
-        modelyard_rate = mb_per_s(total, upload_s)
-        boto3_rate = mb_per_s(total, boto3_s)
+        modelyard_rate, floor_rate, direct_rate = (mb_per_s(total, s) for s in (upload_s, floor_s, direct_s))
         return {
             "size_mb": args.size_mb,
             "bytes": total,
+            "store": args.store,
+            "direct": DIRECT[args.store],
             "server": {
                 "s3_multipart_chunk_mb": int(env.get("MODELYARD_S3_MULTIPART_CHUNK_MB", "8")),
                 "s3_max_concurrency": int(env.get("MODELYARD_S3_MAX_CONCURRENCY", "4")),
@@ -397,22 +493,23 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "version": {"version": body["version"], "status": body["status"], "sha256": body["sha256"]},
             "modelyard_seconds": upload_s,
             "modelyard_mb_per_s": modelyard_rate,
-            "boto3_seconds": boto3_s,
-            "boto3_mb_per_s": boto3_rate,
-            "ratio_modelyard_to_boto3": modelyard_rate / boto3_rate,
+            "floor_seconds": floor_s,
+            "floor_mb_per_s": floor_rate,
+            "direct_seconds": direct_s,
+            "direct_mb_per_s": direct_rate,
+            "ratio_modelyard_to_direct": modelyard_rate / direct_rate,
+            "ratio_floor_to_direct": floor_rate / direct_rate,
+            "ratio_modelyard_to_floor": modelyard_rate / floor_rate,
         }
     finally:
         if server is not None:
             stop_process(server)
             drop_queued_messages(server.pid)
-        if moto.stdin:
-            moto.stdin.close()
-        try:
-            moto.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            moto.kill()
-            moto.wait()
-        moto_log.close()
+        if moto is not None:
+            stop_moto(moto)
+
+
+DIRECT = {"s3": "boto3 upload_file", "local": "a copy into a folder (1 MiB pieces, fsync)"}
 
 
 def report(result: dict[str, Any]) -> None:
@@ -433,9 +530,13 @@ def report(result: dict[str, Any]) -> None:
             "server RSS growth",
             f"{growth / mb:,.1f} MB ({'OK' if growth < RSS_LIMIT_BYTES else 'OVER'} the 100 MB limit)",
         ),
+        ("store", result["store"]),
         ("modelyard upload", f"{result['modelyard_seconds']:.1f} s, {result['modelyard_mb_per_s']:.1f} MB/s"),
-        ("boto3 upload_file", f"{result['boto3_seconds']:.1f} s, {result['boto3_mb_per_s']:.1f} MB/s"),
-        ("ratio modelyard / boto3", f"{result['ratio_modelyard_to_boto3']:.2f}"),
+        ("relay floor", f"{result['floor_seconds']:.1f} s, {result['floor_mb_per_s']:.1f} MB/s"),
+        (result["direct"], f"{result['direct_seconds']:.1f} s, {result['direct_mb_per_s']:.1f} MB/s"),
+        ("ratio modelyard / direct", f"{result['ratio_modelyard_to_direct']:.2f}"),
+        ("ratio relay floor / direct", f"{result['ratio_floor_to_direct']:.2f}"),
+        ("ratio modelyard / relay floor", f"{result['ratio_modelyard_to_floor']:.2f}"),
         ("version", f"{result['version']['version']} ({result['version']['status']})"),
     ]
     width = max(len(name) for name, _ in rows)
@@ -448,11 +549,16 @@ def report(result: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mb", type=int, default=1024, help="size of weights.bin in MiB (default 1024)")
+    parser.add_argument(
+        "--store", choices=("s3", "local"), default="s3", help="S3 on loopback (moto) or the local folder store"
+    )
     parser.add_argument("--chunk-mb", type=int, default=0, help="MODELYARD_S3_MULTIPART_CHUNK_MB for the server")
     parser.add_argument("--concurrency", type=int, default=0, help="MODELYARD_S3_MAX_CONCURRENCY for the server")
-    parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "upload.json")
+    parser.add_argument("--output", type=Path, default=None, help="default bench/results/upload[-local].json")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, model)")
     args = parser.parse_args(argv)
+    if args.output is None:
+        args.output = ROOT / "bench" / "results" / ("upload.json" if args.store == "s3" else "upload-local.json")
 
     return run_in_workdir(
         prefix="modelyard-bench-upload-",

@@ -534,6 +534,9 @@ CACHE_DIR = Path(env_str("MODELYARD_CACHE_DIR") or DATA_DIR / "cache")
 CACHE_MAX_BYTES = env_int("MODELYARD_CACHE_MAX_BYTES", 20 * 1024**3, minimum=1)
 WORKER_ID = env_str("MODELYARD_WORKER_ID") or ""
 DRAIN_TIMEOUT_SECONDS = env_float("MODELYARD_DRAIN_TIMEOUT_SECONDS", 30.0, minimum=0)
+# Once a server has started: freeze its start-up objects out of the garbage collector's scans, and
+# collect the oldest generation ten times less often (modelyard/gc_tuning.py).
+GC_TUNING = env_bool("MODELYARD_GC_TUNING", True)
 # Shadow traffic (inference/shadow.py): at most this many sampled requests wait to be mirrored to a
 # candidate in one inference process; more are dropped and counted, never queued behind real work.
 SHADOW_QUEUE_SIZE = env_int("MODELYARD_SHADOW_QUEUE_SIZE", 16, minimum=1)

@@ -1,0 +1,131 @@
+"""The floors the benchmarks measure Modelyard against: ``bench/floor_server.py`` and ``bench/relay_floor.py``.
+
+A floor is only a floor if it does the same work: the floor server's answer must be ONNX Runtime's,
+and the relay floor must store every byte it is sent, with the sha256 of those bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import json
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+
+from tests.support.onnx_models import _model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+floor_server = importlib.import_module("floor_server")
+relay_floor = importlib.import_module("relay_floor")
+upload = importlib.import_module("upload")
+
+MIB = 1024 * 1024
+
+
+@pytest.fixture
+def token_model(tmp_path: Path) -> Path:
+    """MiniLM's inputs (input_ids and attention_mask, int64 [batch, seq]) to one float output per row."""
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])
+    mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])
+    out = helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch"])
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    nodes = [
+        helper.make_node("Mul", ["input_ids", "attention_mask"], ["kept"]),
+        helper.make_node("ReduceSum", ["kept", "axes"], ["total"], keepdims=0),
+        helper.make_node("Cast", ["total"], ["score"], to=TensorProto.FLOAT),
+    ]
+    path = tmp_path / "tokens.onnx"
+    path.write_bytes(_model(helper.make_graph(nodes, "tokens", [ids, mask], [out], [axes])).SerializeToString())
+    return path
+
+
+def call(app: Any, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+    sent: list[dict[str, Any]] = []
+    chunks = [body[: len(body) // 2], body[len(body) // 2 :]]  # the body in two messages, as a socket gives it
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": chunks.pop(0), "more_body": bool(chunks)}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(app({"type": "http", "method": method, "path": path}, receive, send))
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    headers = dict(start["headers"])
+    answer = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    assert int(headers[b"content-length"]) == len(answer)
+    return start["status"], answer
+
+
+def test_the_floor_server_answers_what_onnx_runtime_computes_and_echoes_it(token_model):
+    app = floor_server.build(str(token_model), threads=1)
+    ids = np.array([[101, 7, 9, 102], [101, 3, 102, 0]], dtype=np.int64)
+    mask = np.array([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=np.int64)
+    request = {
+        "inputs": [
+            {"name": name, "datatype": "INT64", "shape": list(array.shape), "data": array.ravel().tolist()}
+            for name, array in (("input_ids", ids), ("attention_mask", mask))
+        ]
+    }
+    expected = ort.InferenceSession(str(token_model)).run(None, {"input_ids": ids, "attention_mask": mask})[0]
+
+    assert call(app, "GET", "/v2/health/ready") == (200, b'{"ready":true}')
+    status, body = call(app, "POST", "/v2/models/m/infer", json.dumps(request).encode())
+    assert status == 200
+    (output,) = json.loads(body)["outputs"]
+    assert (output["name"], output["datatype"], output["shape"]) == ("score", "FP32", [2])
+    np.testing.assert_array_equal(np.asarray(output["data"], dtype=np.float32), expected)
+    assert expected.tolist() == [219.0, 206.0]
+    # The transport alone: the same bytes again, nothing decoded (an empty body would not parse).
+    assert call(app, "POST", "/v2/models/m/echo") == (200, body)
+
+
+@pytest.fixture
+def relay_port() -> Iterator[Any]:
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(store: Any) -> int:
+        server = ThreadingHTTPServer(("127.0.0.1", 0), relay_floor.build_handler(store))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return int(server.server_address[1])
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def payload(tmp_path: Path, size: int) -> tuple[Path, str]:
+    data = np.random.default_rng(5).integers(0, 256, size, dtype=np.uint8).tobytes()
+    path = tmp_path / "weights.bin"
+    path.write_bytes(data)
+    return path, hashlib.sha256(data).hexdigest()
+
+
+def test_the_relay_floor_writes_every_byte_to_a_folder_with_its_sha256(tmp_path, relay_port):
+    port = relay_port(relay_floor.folder_store(tmp_path / "store"))
+    path, digest = payload(tmp_path, 3 * MIB + 17)  # pieces of 1 MiB and a short last one
+
+    assert upload.post_raw(port, path) == (200, {"sha256": digest, "size": 3 * MIB + 17})
+    assert (tmp_path / "store" / "weights.bin").read_bytes() == path.read_bytes()
+
+
+def test_the_relay_floor_passes_a_multipart_upload_on_to_s3(tmp_path, relay_port, s3_endpoint, s3_client, s3_bucket):
+    port = relay_port(relay_floor.s3_store(s3_endpoint, s3_bucket))
+    path, digest = payload(tmp_path, 17 * MIB + 5)  # three parts of 8 MiB at most
+
+    assert upload.post_raw(port, path) == (200, {"sha256": digest, "size": 17 * MIB + 5})
+    stored = s3_client.get_object(Bucket=s3_bucket, Key="relay/weights.bin")["Body"].read()
+    assert hashlib.sha256(stored).hexdigest() == digest
+    assert s3_client.head_object(Bucket=s3_bucket, Key="relay/weights.bin", PartNumber=1)["PartsCount"] == 3
