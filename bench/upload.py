@@ -1,25 +1,29 @@
-"""Upload benchmark: a large model with external data through a real Modelyard server into S3 (moto).
+"""Upload benchmark: a large model with external data through a real Modelyard server into S3 (moto) or a folder.
 
-    .venv/bin/python bench/upload.py [--size-mb 1024]
+    .venv/bin/python bench/upload.py [--size-mb 1024] [--store s3|local]
 
 What it does, all on 127.0.0.1 and cleaned up afterwards:
 
-1. starts moto's ThreadedMotoServer (in a child process, so it does not compete for the GIL with
-   the client here) and creates a bucket;
+1. with ``--store s3`` (the default), starts moto's ThreadedMotoServer (in a child process, so it does
+   not compete for the GIL with the client here) and creates a bucket; with ``--store local``, the
+   server keeps the embedded default, the local folder store under its data folder;
 2. writes a model whose single initializer ``w`` (float32, ``--size-mb`` MiB) lives in the
    external-data file ``weights.bin``: ``y = x + ReduceSum(w)``. A small copy of the same graph is
    checked with onnx.checker and run in ONNX Runtime first;
-3. starts ``modelyard serve`` with S3 storage and a Redis broker (redis://127.0.0.1:6379/15), so
+3. starts ``modelyard serve`` with that store and a Redis broker (redis://127.0.0.1:6379/15), so
    validation is queued rather than run inside the request (nothing consumes the queue; the
    messages this run queued are removed at the end);
 4. streams model.onnx + weights.bin as one multipart request (the client never holds a file in
    memory) while sampling the server's RSS every 50 ms from /proc;
-5. uploads the same two files with boto3 ``upload_file`` (default TransferConfig, and the server's client
-   setting: no SHA-256 of each part's body for its signature) to the same
-   endpoint, for comparison.
+5. sends the same two files through the relay floor (``bench/relay_floor.py``: the least a Python
+   server does to pass a file on to the same store, hashing it once), each as a raw body;
+6. writes the same two files straight into the store from this process: boto3 ``upload_file``
+   (default TransferConfig, and the server's client setting: no SHA-256 of each part's body for its
+   signature) to the same endpoint, or ``shutil.copyfile`` into a folder and fsync.
 
-It prints a table and writes bench/results/upload.json. The server's RSS growth should stay
-under 100 MB whatever the model size.
+Every measured write starts after ``os.sync()``, so none waits for the write-back of the one before.
+It prints a table and writes bench/results/upload.json (upload-local.json for the local store). The
+server's RSS growth should stay under 100 MB whatever the model size.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import hashlib
 import http.client
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -277,6 +282,7 @@ def relay_floor(store_args: list[str], files: list[Path], digests: dict[str, str
         stderr=subprocess.STDOUT,
     )
     try:
+        settle()
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -299,16 +305,25 @@ def relay_floor(store_args: list[str], files: list[Path], digests: dict[str, str
 
 
 def copy_to_folder(files: list[Path], folder: Path) -> float:
-    """Seconds to write ``files`` into ``folder`` as the local store does (1 MiB pieces, fsync), with no server."""
+    """Seconds to put ``files`` into ``folder`` at the file system's own speed (``shutil.copyfile``, which the
+    kernel copies without a trip through Python, then fsync, as the local store does), with no server."""
     folder.mkdir(parents=True)
     started = time.monotonic()
     for path in files:
-        with path.open("rb") as source, (folder / path.name).open("wb") as out:
-            while chunk := source.read(MIB):
-                out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
+        target = folder / path.name
+        shutil.copyfile(path, target)
+        descriptor = os.open(target, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
     return time.monotonic() - started
+
+
+def settle() -> None:
+    """Write back every dirty page first, so that no measured write waits for the one before it."""
+    os.sync()
+    time.sleep(0.5)
 
 
 def start_moto(work: Path) -> tuple[subprocess.Popen[bytes], str, Any]:
@@ -434,6 +449,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         assert status == 201, (status, body)
         time.sleep(0.5)
 
+        settle()
         rss_before = rss_bytes(server.pid)
         sampler = RssSampler(server.pid)
         sampler.start()
@@ -459,6 +475,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         if args.store == "s3":
             floor_s = relay_floor(["--s3-endpoint", endpoint, "--bucket", BUCKET], files, digests, work)
             print("uploading the same files with boto3 upload_file ...", flush=True)
+            settle()
             started = time.monotonic()
             for path in files:
                 s3.upload_file(str(path), BUCKET, f"boto3/{path.name}")
@@ -467,7 +484,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             assert head["ContentLength"] == files[1].stat().st_size
         else:
             floor_s = relay_floor(["--folder", str(work / "relay")], files, digests, work)
-            print("copying the same files into a folder (1 MiB pieces, fsync), no server ...", flush=True)
+            print("copying the same files into a folder (shutil.copyfile, fsync), no server ...", flush=True)
+            settle()
             direct_s = copy_to_folder(files, work / "copy")
 
         modelyard_rate, floor_rate, direct_rate = (mb_per_s(total, s) for s in (upload_s, floor_s, direct_s))
@@ -509,7 +527,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             stop_moto(moto)
 
 
-DIRECT = {"s3": "boto3 upload_file", "local": "a copy into a folder (1 MiB pieces, fsync)"}
+DIRECT = {"s3": "boto3 upload_file", "local": "shutil.copyfile into a folder, fsync"}
 
 
 def report(result: dict[str, Any]) -> None:
@@ -519,7 +537,9 @@ def report(result: dict[str, Any]) -> None:
         ("payload", f"{result['bytes'] / mb:,.1f} MB (model.onnx + weights.bin)"),
         (
             "server S3 settings",
-            "chunk {s3_multipart_chunk_mb} MiB, concurrency {s3_max_concurrency}".format(**result["server"]),
+            "chunk {s3_multipart_chunk_mb} MiB, concurrency {s3_max_concurrency}".format(**result["server"])
+            if result["store"] == "s3"
+            else "(the local store)",
         ),
         ("server RSS idle", f"{result['rss_idle_bytes'] / mb:,.1f} MB"),
         ("server RSS before", f"{result['rss_before_bytes'] / mb:,.1f} MB (after a small warm-up upload)"),
