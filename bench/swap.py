@@ -390,6 +390,7 @@ def _run(args: argparse.Namespace, work: Path, servers: list[Server]) -> dict[st
             MODELYARD_LOAD_NICE=str(args.load_nice),
             MODELYARD_LOAD_NICE_SECONDS=str(args.load_nice_seconds),
             MODELYARD_ORT_OPTIMIZED_CACHE_MAX_BYTES=str(args.optimized_cache_bytes),
+            MODELYARD_GC_TUNING=args.gc_tuning,
         )
         if args.shared_cache:  # the processes of one host: one artifact cache, one saved optimised graph per version
             env["MODELYARD_CACHE_DIR"] = str(work / "cache")
@@ -539,6 +540,9 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=0,
         help="MODELYARD_ORT_OPTIMIZED_CACHE_MAX_BYTES (0, the default: no saved optimised graphs)",
+    )
+    parser.add_argument(
+        "--gc-tuning", choices=("true", "false"), default="true", help="MODELYARD_GC_TUNING (true, the default)"
     )
     parser.add_argument(
         "--shared-cache", action="store_true", help="one MODELYARD_CACHE_DIR for both processes, as on one host"

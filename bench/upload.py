@@ -272,8 +272,9 @@ def post_raw(port: int, path: Path) -> tuple[int, Any]:
     return response.status, json.loads(data)
 
 
-def relay_floor(store_args: list[str], files: list[Path], digests: dict[str, str], work: Path) -> float:
-    """Seconds to pass ``files`` through ``bench/relay_floor.py`` to the same store; every sha256 checked."""
+def relay_floor(store_args: list[str], files: list[Path], digests: dict[str, str], work: Path) -> tuple[float, int]:
+    """Pass ``files`` through ``bench/relay_floor.py`` to the same store, every sha256 checked: the seconds it
+    took, and how much the relay's RSS grew meanwhile (sampled as the server's is)."""
     port = free_port()
     log = (work / "relay-floor.log").open("wb")
     floor = subprocess.Popen(
@@ -293,12 +294,19 @@ def relay_floor(store_args: list[str], files: list[Path], digests: dict[str, str
                     output = (work / "relay-floor.log").read_text()
                     raise RuntimeError(f"bench/relay_floor.py did not start: {output}") from None
                 time.sleep(0.1)
+        for path in (work / "small" / "model.onnx", work / "small" / "weights.bin"):  # warmed up as the server is
+            assert post_raw(port, path)[0] == 200
         print("uploading the same files through the relay floor (bench/relay_floor.py) ...", flush=True)
+        before = rss_bytes(floor.pid)
+        sampler = RssSampler(floor.pid)
+        sampler.start()
         started = time.monotonic()
         for path in files:
             status, body = post_raw(port, path)
             assert status == 200 and body["sha256"] == digests[path.name], (path.name, status, body)
-        return time.monotonic() - started
+        seconds = time.monotonic() - started
+        sampler.stop()
+        return seconds, max(sampler.peak, rss_bytes(floor.pid, "VmHWM")) - before
     finally:
         stop_process(floor)
         log.close()
@@ -473,7 +481,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         server = None
 
         if args.store == "s3":
-            floor_s = relay_floor(["--s3-endpoint", endpoint, "--bucket", BUCKET], files, digests, work)
+            floor_s, floor_growth = relay_floor(["--s3-endpoint", endpoint, "--bucket", BUCKET], files, digests, work)
             print("uploading the same files with boto3 upload_file ...", flush=True)
             settle()
             started = time.monotonic()
@@ -483,7 +491,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             head = s3.head_object(Bucket=BUCKET, Key="boto3/weights.bin")
             assert head["ContentLength"] == files[1].stat().st_size
         else:
-            floor_s = relay_floor(["--folder", str(work / "relay")], files, digests, work)
+            floor_s, floor_growth = relay_floor(["--folder", str(work / "relay")], files, digests, work)
             print("copying the same files into a folder (shutil.copyfile, fsync), no server ...", flush=True)
             settle()
             direct_s = copy_to_folder(files, work / "copy")
@@ -513,6 +521,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "modelyard_mb_per_s": modelyard_rate,
             "floor_seconds": floor_s,
             "floor_mb_per_s": floor_rate,
+            "floor_rss_growth_bytes": floor_growth,
             "direct_seconds": direct_s,
             "direct_mb_per_s": direct_rate,
             "ratio_modelyard_to_direct": modelyard_rate / direct_rate,
@@ -552,7 +561,11 @@ def report(result: dict[str, Any]) -> None:
         ),
         ("store", result["store"]),
         ("modelyard upload", f"{result['modelyard_seconds']:.1f} s, {result['modelyard_mb_per_s']:.1f} MB/s"),
-        ("relay floor", f"{result['floor_seconds']:.1f} s, {result['floor_mb_per_s']:.1f} MB/s"),
+        (
+            "relay floor",
+            f"{result['floor_seconds']:.1f} s, {result['floor_mb_per_s']:.1f} MB/s, "
+            f"RSS growth {result['floor_rss_growth_bytes'] / mb:,.1f} MB",
+        ),
         (result["direct"], f"{result['direct_seconds']:.1f} s, {result['direct_mb_per_s']:.1f} MB/s"),
         ("ratio modelyard / direct", f"{result['ratio_modelyard_to_direct']:.2f}"),
         ("ratio relay floor / direct", f"{result['ratio_floor_to_direct']:.2f}"),

@@ -151,10 +151,10 @@ def _serve(args: argparse.Namespace) -> int:
         _migrate()
     import uvicorn
 
-    if settings.BROKER_URL is None:
-        from modelyard.embedded import EmbeddedScheduler
+    from modelyard import embedded
 
-        EmbeddedScheduler().start()
+    if embedded.runs_in(args.role):
+        embedded.EmbeddedScheduler().start()
     tls = args.tls
     over_tls = " over TLS" if tls else ""
     grpc = f", gRPC{over_tls} on {args.host}:{settings.GRPC_PORT}" if settings.GRPC_PORT and args.role != "web" else ""

@@ -1,7 +1,8 @@
 """Periodic jobs for the embedded default, where there is no broker and no Celery beat.
 
-``modelyard serve`` starts this thread when MODELYARD_BROKER_URL is unset, so a laptop install
-still sweeps stuck validations and collects orphaned artifacts on the beat schedule. No job runs
+``modelyard serve`` starts this thread when MODELYARD_BROKER_URL is unset and the process serves the
+registry (:func:`runs_in`), so a laptop install still sweeps stuck validations and collects orphaned
+artifacts on the beat schedule. No job runs
 a validation on this thread: the sweep hands what it finds to the in-process validation thread
 (``registry/queueing.py``), so one slow or hostile model cannot stop the schedule.
 """
@@ -17,6 +18,14 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 
 logger = logging.getLogger(__name__)
+
+
+def runs_in(role: str) -> bool:
+    """Whether a ``modelyard serve --role`` process runs the embedded beat: without a broker, unless it serves
+    only inference. The jobs are the registry's; a process that serves only ``/v2`` would import the whole
+    registry for them (onnx and validation, a second of CPU on a slow machine) and spend the cores of the
+    models it serves on them, while the registry's own process runs the same schedule."""
+    return settings.BROKER_URL is None and role != "inference"
 
 
 class EmbeddedScheduler(threading.Thread):

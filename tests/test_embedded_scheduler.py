@@ -110,3 +110,20 @@ def test_periodic_jobs_keep_their_schedule_while_a_swept_validation_runs(setting
     assert version.status == VersionStatus.FAILED
     assert version.errors[0].startswith("validation stopped while ")
     assert "its process was killed (SIGKILL)" in version.errors[0]
+
+
+@pytest.mark.parametrize(
+    ("broker", "role", "runs"),
+    [
+        (None, "all", True),
+        (None, "web", True),
+        (None, "inference", False),  # the registry's jobs stay with the registry's process
+        ("redis://127.0.0.1:6379/0", "all", False),  # Celery beat runs them
+        ("redis://127.0.0.1:6379/0", "web", False),
+    ],
+)
+def test_the_embedded_beat_runs_without_a_broker_in_a_process_that_serves_the_registry(settings, broker, role, runs):
+    from modelyard import embedded
+
+    settings.BROKER_URL = broker
+    assert embedded.runs_in(role) is runs
