@@ -458,28 +458,17 @@ def start_modelyard(work: Path, database_url: str | None, model_settings: dict[s
     return process, port, grpc_port, log
 
 
-def start_floor(work: Path) -> tuple[Any, int]:
+def start_baseline(work: Path, script: str) -> tuple[Any, int]:
+    """``bench/<script>`` (the naive server or the floor server) serving MiniLM on a free port, once ready."""
     port = free_port()
-    log = work / "floor.log"
+    log = work / f"{Path(script).stem}.log"
     process = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "floor_server.py"), "--model", str(MODEL_PATH), "--port", str(port)],
+        [sys.executable, str(ROOT / "bench" / script), "--model", str(MODEL_PATH), "--port", str(port)],
         stdout=log.open("w"),
         stderr=subprocess.STDOUT,
     )
     wait_ready(port, "/v2/health/ready", process, log)
     return process, port
-
-
-def start_naive(work: Path) -> tuple[Any, int, Path]:
-    port = free_port()
-    log = work / "naive.log"
-    process = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "naive_server.py"), "--model", str(MODEL_PATH), "--port", str(port)],
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-    )
-    wait_ready(port, "/v2/health/ready", process, log)
-    return process, port, log
 
 
 # --- load --------------------------------------------------------------------------------------------
@@ -925,12 +914,12 @@ def run_rounds(args: argparse.Namespace, clients: list[int], model_settings: dic
             if not args.skip_json:
                 series.append(http_series("modelyard-json", "JSON tensors", port, process.pid, as_json, None, load))
             if not args.skip_naive:
-                naive, naive_port, _ = start_naive(work)
+                naive, naive_port = start_baseline(work, "naive_server.py")
                 processes.append(naive)
                 series.append(http_series("naive", "naive JSON", naive_port, naive.pid, as_json, None, load))
             floor_port = None
             if args.tensors == "json" and not args.skip_floor and 1 in clients:
-                floor, floor_port = start_floor(work)
+                floor, floor_port = start_baseline(work, "floor_server.py")
                 processes.append(floor)
                 np.testing.assert_allclose(
                     decode_embedding(*post(floor_port, INFER_PATH, as_json, http_headers(None))),

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from onnx import TensorProto, helper
 
-from tests.support.onnx_models import _model
+from tests.support.onnx_models import token_sum_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 serve = importlib.import_module("serve")
@@ -25,17 +24,8 @@ serve = importlib.import_module("serve")
 
 @pytest.fixture
 def token_model(tmp_path: Path) -> Path:
-    """MiniLM's inputs (input_ids and attention_mask, int64 [batch, seq]) summed into one output per row."""
-    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])
-    mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])
-    out = helper.make_tensor_value_info("total", TensorProto.INT64, ["batch"])
-    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
-    nodes = [
-        helper.make_node("Mul", ["input_ids", "attention_mask"], ["kept"]),
-        helper.make_node("ReduceSum", ["kept", "axes"], ["total"], keepdims=0),
-    ]
     path = tmp_path / "tokens.onnx"
-    path.write_bytes(_model(helper.make_graph(nodes, "tokens", [ids, mask], [out], [axes])).SerializeToString())
+    path.write_bytes(token_sum_model().SerializeToString())
     return path
 
 

@@ -20,9 +20,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
 
-from tests.support.onnx_models import _model
+from tests.support.onnx_models import token_sum_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 floor_server = importlib.import_module("floor_server")
@@ -34,18 +33,8 @@ MIB = 1024 * 1024
 
 @pytest.fixture
 def token_model(tmp_path: Path) -> Path:
-    """MiniLM's inputs (input_ids and attention_mask, int64 [batch, seq]) to one float output per row."""
-    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])
-    mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])
-    out = helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch"])
-    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
-    nodes = [
-        helper.make_node("Mul", ["input_ids", "attention_mask"], ["kept"]),
-        helper.make_node("ReduceSum", ["kept", "axes"], ["total"], keepdims=0),
-        helper.make_node("Cast", ["total"], ["score"], to=TensorProto.FLOAT),
-    ]
     path = tmp_path / "tokens.onnx"
-    path.write_bytes(_model(helper.make_graph(nodes, "tokens", [ids, mask], [out], [axes])).SerializeToString())
+    path.write_bytes(token_sum_model().SerializeToString())
     return path
 
 
@@ -83,9 +72,9 @@ def test_the_floor_server_answers_what_onnx_runtime_computes_and_echoes_it(token
     status, body = call(app, "POST", "/v2/models/m/infer", json.dumps(request).encode())
     assert status == 200
     (output,) = json.loads(body)["outputs"]
-    assert (output["name"], output["datatype"], output["shape"]) == ("score", "FP32", [2])
-    np.testing.assert_array_equal(np.asarray(output["data"], dtype=np.float32), expected)
-    assert expected.tolist() == [219.0, 206.0]
+    assert (output["name"], output["datatype"], output["shape"]) == ("total", "INT64", [2])
+    np.testing.assert_array_equal(np.asarray(output["data"], dtype=np.int64), expected)
+    assert expected.tolist() == [219, 206]
     # The transport alone: the same bytes again, nothing decoded (an empty body would not parse).
     assert call(app, "POST", "/v2/models/m/echo") == (200, body)
 

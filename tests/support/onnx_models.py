@@ -28,6 +28,19 @@ def add_model(*, ir_version: int = IR, opset: int = OPSET, bias: float = 1.0, wi
     return _model(graph, ir_version=ir_version, opset=opset)
 
 
+def token_sum_model() -> onnx.ModelProto:
+    """MiniLM's inputs (input_ids and attention_mask, int64 [batch, seq]) to one int64 per row: the kept ids' sum."""
+    ids = helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"])
+    mask = helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])
+    out = helper.make_tensor_value_info("total", TensorProto.INT64, ["batch"])
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    nodes = [
+        helper.make_node("Mul", ["input_ids", "attention_mask"], ["kept"]),
+        helper.make_node("ReduceSum", ["kept", "axes"], ["total"], keepdims=0),
+    ]
+    return _model(helper.make_graph(nodes, "tokens", [ids, mask], [out], [axes]))
+
+
 def fixed_add_model(*, bias: float = 1.0, rows: int = 2, width: int = 4) -> onnx.ModelProto:
     """y = x + bias with every shape fixed ([rows, width]): no batching; what CUDA graphs can run."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, width])
