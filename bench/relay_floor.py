@@ -19,29 +19,28 @@ is told apart from what Modelyard adds. It is not a server anyone should run: it
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, BinaryIO, cast
+
+from storage.base import HashingReader
 
 MIB = 1024 * 1024
 
 
-class HashingBody:
-    """The request body as a file boto3 reads once, in order: ``size`` bytes from the socket, hashed."""
+class Body:
+    """The request body as a file boto3 reads once, in order: ``size`` bytes from the socket, no more."""
 
     def __init__(self, source: IO[bytes], size: int) -> None:
         self.source = source
         self.left = size
-        self.digest = hashlib.sha256()
 
     def read(self, amount: int = -1) -> bytes:
         amount = self.left if amount is None or amount < 0 else min(amount, self.left)
         data = self.source.read(amount) if amount else b""
         self.left -= len(data)
-        self.digest.update(data)
         return data
 
 
@@ -53,10 +52,10 @@ def build_handler(store: Any) -> type[BaseHTTPRequestHandler]:
             self.answer({"ready": True})
 
         def do_POST(self) -> None:
-            size = int(self.headers["Content-Length"])
-            body = HashingBody(cast(IO[bytes], self.rfile), size)
+            # Hashed as it is read, by the same reader as Modelyard's stores (storage.base.HashingReader).
+            body = HashingReader(cast(BinaryIO, Body(cast(IO[bytes], self.rfile), int(self.headers["Content-Length"]))))
             store(self.path.strip("/"), body)
-            self.answer({"sha256": body.digest.hexdigest(), "size": size - body.left})
+            self.answer({"sha256": body.sha256, "size": body.size})
 
         def answer(self, payload: dict[str, Any]) -> None:
             data = json.dumps(payload).encode()
@@ -86,7 +85,7 @@ def s3_store(endpoint: str, bucket: str) -> Any:
     transfer = TransferConfig(multipart_threshold=8 * MIB, multipart_chunksize=8 * MIB, max_concurrency=4)
     transfer.max_in_memory_upload_chunks = 4
 
-    def store(name: str, body: HashingBody) -> None:
+    def store(name: str, body: HashingReader) -> None:
         client.upload_fileobj(cast(Any, body), bucket, f"relay/{name}", Config=transfer)
 
     return store
@@ -95,7 +94,7 @@ def s3_store(endpoint: str, bucket: str) -> Any:
 def folder_store(folder: Path) -> Any:
     folder.mkdir(parents=True, exist_ok=True)
 
-    def store(name: str, body: HashingBody) -> None:
+    def store(name: str, body: HashingReader) -> None:
         with (folder / name).open("wb") as out:
             while chunk := body.read(MIB):
                 out.write(chunk)

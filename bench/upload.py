@@ -213,19 +213,22 @@ def stream_upload(port: int, token: str, model: str, files: list[Path]) -> tuple
         return response.status, data.decode(errors="replace"), length
 
 
-def wait_for_server(port: int, token: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+def wait_for_server(
+    port: int, proc: subprocess.Popen[bytes], log: Path, *, path: str = "/api/v1/models", token: str = ""
+) -> None:
+    """Until ``GET path`` answers 200 (Modelyard's model list, or ``bench/relay_floor.py``'s ``/``)."""
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"modelyard serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+            raise RuntimeError(f"the server of {log.name} exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
         try:
-            status, _ = request(port, "GET", "/api/v1/models", token)
+            status, _ = request(port, "GET", path, token)
             if status == 200:
                 return
         except OSError:
             pass
         time.sleep(0.25)
-    raise RuntimeError(f"modelyard serve did not answer within 90 s:\n{log.read_text()[-4000:]}")
+    raise RuntimeError(f"the server of {log.name} did not answer within 90 s:\n{log.read_text()[-4000:]}")
 
 
 def drop_queued_messages(server_pid: int) -> int:
@@ -283,20 +286,11 @@ def relay_floor(store_args: list[str], files: list[Path], digests: dict[str, str
         stderr=subprocess.STDOUT,
     )
     try:
-        settle()
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if request(port, "GET", "/", "")[0] == 200:
-                    break
-            except OSError:
-                if time.monotonic() > deadline or floor.poll() is not None:
-                    output = (work / "relay-floor.log").read_text()
-                    raise RuntimeError(f"bench/relay_floor.py did not start: {output}") from None
-                time.sleep(0.1)
+        wait_for_server(port, floor, work / "relay-floor.log", path="/")
         for path in (work / "small" / "model.onnx", work / "small" / "weights.bin"):  # warmed up as the server is
             assert post_raw(port, path)[0] == 200
         print("uploading the same files through the relay floor (bench/relay_floor.py) ...", flush=True)
+        settle()
         before = rss_bytes(floor.pid)
         sampler = RssSampler(floor.pid)
         sampler.start()
@@ -445,7 +439,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        wait_for_server(port, token, server, server_log)
+        wait_for_server(port, server, server_log, token=token)
         status, body = request(port, "POST", "/api/v1/models", token, {"name": MODEL_NAME})
         assert status == 201, (status, body)
         rss_idle = rss_bytes(server.pid)

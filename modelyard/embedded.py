@@ -2,9 +2,9 @@
 
 ``modelyard serve`` starts this thread when MODELYARD_BROKER_URL is unset and the process serves the
 registry (:func:`runs_in`), so a laptop install still sweeps stuck validations and collects orphaned
-artifacts on the beat schedule. No job runs
-a validation on this thread: the sweep hands what it finds to the in-process validation thread
-(``registry/queueing.py``), so one slow or hostile model cannot stop the schedule.
+artifacts on the beat schedule. No job runs a validation on this thread: the sweep hands what it finds
+to the in-process validation thread (``registry/queueing.py``), so one slow or hostile model cannot
+stop the schedule.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
 
 from django.conf import settings
 from django.db import close_old_connections, connection
@@ -36,37 +35,30 @@ class EmbeddedScheduler(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
-        from modelyard.celery import app
-
         entries = {
             name: (str(entry["task"]), float(entry["schedule"]))
             for name, entry in settings.CELERY_BEAT_SCHEDULE.items()
         }
         next_run = {name: time.monotonic() + interval for name, (_, interval) in entries.items()}
         try:
-            self._loop(app, entries, next_run)
+            self._loop(entries, next_run)
         finally:
             connection.close()
 
-    def _loop(self, app: Any, entries: dict[str, tuple[str, float]], next_run: dict[str, float]) -> None:
-        imported = False
+    def _loop(self, entries: dict[str, tuple[str, float]], next_run: dict[str, float]) -> None:
+        # registry.queueing.task discovers the task modules at the first job, not at start: they import the
+        # whole registry (onnx, validation), a second of a server's start on a slow CPU, spent while it is
+        # loading its models; and one thread at a time, since a job thread may be discovering them too.
+        from registry.queueing import task
+
         while not self._stop_event.wait(1.0):
             now = time.monotonic()
             for name, (task_name, interval) in entries.items():
                 if now < next_run[name]:
                     continue
-                if not imported:
-                    # Registers the autodiscovered tasks, at the first job and not at start: the task
-                    # modules import the whole registry (onnx, validation), a second of a server's
-                    # start on a slow CPU, spent while it is loading its models. A job thread may be
-                    # discovering them at the same moment: registry.queueing lets one do it.
-                    from registry.queueing import register_tasks
-
-                    register_tasks()
-                    imported = True
                 next_run[name] = now + interval
                 try:
-                    app.tasks[task_name].apply()
+                    task(task_name).apply()
                 except Exception:  # a failed run must not stop the schedule
                     logger.exception("embedded periodic job %s failed", name)
                 finally:

@@ -26,11 +26,10 @@ from django.conf import settings
 FULL_COLLECTION_EVERY = 100  # young collections between two full ones (Python's default: 10)
 
 
-def tune_for_serving() -> bool:
-    """Freeze the start-up objects and make full collections rarer; False when the setting turns it off."""
+def tune_for_serving() -> None:
+    """Freeze the start-up objects and make full collections rarer, unless the setting turns it off."""
     if not settings.GC_TUNING:
-        return False
+        return
     gc.freeze()
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
-    return True
