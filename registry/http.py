@@ -23,6 +23,7 @@ read (the connection closes).
 
 from __future__ import annotations
 
+import io
 import queue
 import threading
 from collections.abc import Iterator
@@ -161,9 +162,29 @@ class ChunkPipe:
                 raise _Aborted("upload aborted")
 
     def read(self, n: int = -1) -> bytes:
-        parts = [self._pending] if self._pending else []
-        have = len(self._pending)
-        self._pending = b""
+        """Up to ``n`` bytes (all, if negative), fewer only at the end.
+
+        The chunks are written into one ``BytesIO`` as they arrive and each is let go, and ``getvalue()``
+        hands over that buffer without copying it: a whole S3 part is held once, not as its chunks and
+        their join side by side.
+        """
+        out = io.BytesIO()
+        have = 0
+
+        def take(item: bytes) -> None:
+            nonlocal have
+            if 0 <= n < have + len(item):  # only the last piece is split; the rest waits for the next read
+                cut = n - have
+                out.write(memoryview(item)[:cut])
+                self._pending = item[cut:]
+                have = n
+            else:
+                out.write(item)
+                have += len(item)
+
+        if self._pending:
+            pending, self._pending = self._pending, b""
+            take(pending)
         while not self._eof and (n < 0 or have < n):
             if self._aborted.is_set():
                 raise _Aborted("upload aborted")
@@ -175,14 +196,9 @@ class ChunkPipe:
                 self._eof = True
                 self.done.set()
                 break
-            parts.append(item)
-            have += len(item)
-        if 0 <= n < have:
-            # Split only the last piece, so reading a whole S3 part makes one copy of it, not two.
-            last = parts[-1]
-            cut = len(last) - (have - n)
-            parts[-1], self._pending = last[:cut], last[cut:]
-        return b"".join(parts)
+            take(item)
+            del item
+        return out.getvalue()
 
     def readable(self) -> bool:
         return True

@@ -1,7 +1,9 @@
-"""The floors the benchmarks measure Modelyard against: ``bench/floor_server.py`` and ``bench/relay_floor.py``.
+"""The floors the benchmarks measure Modelyard against: ``bench/floor_server.py``, ``bench/relay_floor.py``
+and ``bench/swap_floor.py``.
 
 A floor is only a floor if it does the same work: the floor server's answer must be ONNX Runtime's,
-and the relay floor must store every byte it is sent, with the sha256 of those bytes.
+the relay floor must store every byte it is sent, with the sha256 of those bytes, and the swap floor's
+processes must switch to each version they are told to load and answer what it computes.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tests.support.onnx_models import token_sum_model
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 floor_server = importlib.import_module("floor_server")
 relay_floor = importlib.import_module("relay_floor")
+swap_floor = importlib.import_module("swap_floor")
 upload = importlib.import_module("upload")
 
 MIB = 1024 * 1024
@@ -118,3 +121,16 @@ def test_the_relay_floor_passes_a_multipart_upload_on_to_s3(tmp_path, relay_port
     stored = s3_client.get_object(Bucket=s3_bucket, Key="relay/weights.bin")["Body"].read()
     assert hashlib.sha256(stored).hexdigest() == digest
     assert s3_client.head_object(Bucket=s3_bucket, Key="relay/weights.bin", PartNumber=1)["PartsCount"] == 3
+
+
+def test_the_swap_floor_switches_every_process_to_each_version_it_loads(tmp_path, token_model):
+    output = tmp_path / "swap_floor.json"
+    argv = ["--model", str(token_model), "--swaps", "3", "--processes", "2", "--clients", "1"]
+    argv += ["--steady-seconds", "1.5", "--settle-seconds", "0.1", "--report-seconds", "0.1", "--output", str(output)]
+
+    assert swap_floor.main(argv) == 0
+    result = json.loads(output.read_text())
+    # Every run's answer was its version's (ids 1 to 32 sum to 528; v2 answers -528), and all three swaps
+    # reached both processes.
+    assert (result["swaps"], result["wrong_outputs"], len(result["per_swap_s"])) == (3, 0, 3)
+    assert result["runs"] > 0 and result["steady_p99_ms"] > 0 and result["swap_windows_p99_ms"] > 0
