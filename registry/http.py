@@ -121,7 +121,8 @@ def json_500(request: HttpRequest) -> JsonResponse:
 # --- The multipart upload -------------------------------------------------------------------------
 
 PIPE_CHUNK = 1024 * 1024
-PIPE_DEPTH = 8  # chunks waiting between the parser and the storage write
+PIPE_DEPTH = 2  # chunks waiting between the parser and the storage write
+PREALLOCATE_MAX = 16 * 1024 * 1024  # the most a read sets aside before its bytes arrive (an S3 part is 8 MiB)
 POLL_SECONDS = 0.5  # how often a blocked side checks whether the other gave up
 UNTERMINATED = "the multipart body ended inside a file part"
 
@@ -166,9 +167,14 @@ class ChunkPipe:
 
         The chunks are written into one ``BytesIO`` as they arrive and each is let go, and ``getvalue()``
         hands over that buffer without copying it: a whole S3 part is held once, not as its chunks and
-        their join side by side.
+        their join side by side. The buffer is made at its full size first (up to
+        :data:`PREALLOCATE_MAX`), so it is not moved while it fills.
         """
         out = io.BytesIO()
+        if n > 0:
+            out.seek(min(n, PREALLOCATE_MAX) - 1)
+            out.write(b"\0")
+            out.seek(0)
         have = 0
 
         def take(item: bytes) -> None:
@@ -198,6 +204,7 @@ class ChunkPipe:
                 break
             take(item)
             del item
+        out.truncate(have)  # short only at the end of the file
         return out.getvalue()
 
     def readable(self) -> bool:

@@ -182,3 +182,27 @@ def test_chunk_pipe_reads_return_the_exact_bytes_in_order(read_size):
     assert b"".join(got) == b"".join(pieces)
     if read_size > 0:
         assert all(len(chunk) == read_size for chunk in got[:-1])
+
+
+def test_a_chunk_pipe_read_larger_than_it_sets_aside_still_returns_every_byte():
+    import threading
+
+    from registry.http import PREALLOCATE_MAX, ChunkPipe
+
+    mib = 1024 * 1024
+    pieces = [bytes([i]) * mib for i in range(20)]
+    pipe = ChunkPipe()
+
+    def feed() -> None:
+        for piece in pieces:
+            pipe.put(piece)
+        pipe.close()
+
+    feeder = threading.Thread(target=feed)
+    feeder.start()
+    first = pipe.read(PREALLOCATE_MAX + mib + 3)  # past what the read sets aside: the buffer grows
+    rest = pipe.read(PREALLOCATE_MAX + mib + 3)  # the end comes first: a short read
+    feeder.join()
+    assert (len(first), len(rest)) == (17 * mib + 3, 3 * mib - 3)
+    assert first + rest == b"".join(pieces)
+    assert pipe.read(10) == b""
