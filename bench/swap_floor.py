@@ -1,6 +1,6 @@
 """The swap's floor: what loading a new version costs the requests on this machine when no server is involved.
 
-    .venv/bin/python bench/swap_floor.py [--swaps 20] [--processes 2] [--clients 2] [--steady-seconds 8]
+    .venv/bin/python bench/swap_floor.py [--swaps 20] [--processes 2] [--clients 2] [--concurrent] [--steady-seconds 8]
         [--settle-seconds 1] [--report-seconds 0.5] [--no-verify]
 
 ``bench/swap.py`` measures Modelyard's hot swap: p99 latency inside swap windows against the steady
@@ -9,7 +9,9 @@ p99. This is the same scene without Modelyard, the least any server on this mach
 1. ``--processes`` processes (bench/swap.py's two inference processes) each build a session of
    all-MiniLM-L6-v2 (``../shared/models/minilm-l6/model.onnx``) with one intra-op thread, as
    bench/swap.py configures them, and ``--clients`` threads in each run it back to back (batch 1,
-   sequence length 32): the requests, with no HTTP, JSON or event loop around them;
+   sequence length 32): the requests, with no HTTP, JSON or event loop around them. A process runs
+   one at a time, as a server with one session lane does, and a client waits its turn as a request
+   waits in the server's queue (``--concurrent``: side by side);
 2. after ``--steady-seconds``, ``--swaps`` times, every process is told to load the other version
    (v2 is v1 with ``Neg`` on its output, as in bench/swap.py). A thread there reads the file and
    takes its sha256 (Modelyard checks every file's digest before a load; ``--no-verify`` leaves that
@@ -26,6 +28,7 @@ answered the version it was given. It writes bench/results/swap_floor.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import multiprocessing
 import statistics
@@ -79,6 +82,7 @@ def serve(
     expected: Any,
     clients: int,
     verify: bool,
+    concurrent: bool,
     commands: Any,
     events: Any,
 ) -> None:
@@ -90,12 +94,16 @@ def serve(
     current: tuple[Any, int] = (load(paths[0], feeds, verify=verify), 1)
     stop = threading.Event()
     records: list[list[Record]] = [[] for _ in range(clients)]
+    # One run at a time, as a server with one session lane (Modelyard's instances 1) runs them; the other
+    # client waits its turn, as a request waits in the server's queue.
+    turn: Any = contextlib.nullcontext() if concurrent else threading.Lock()
 
     def client(mine: list[Record]) -> None:
         while not stop.is_set():
-            session, version = current  # one tuple, swapped whole
             sent = time.monotonic()
-            output = session.run(None, feeds)[0][0]
+            with turn:
+                session, version = current  # one tuple, swapped whole
+                output = session.run(None, feeds)[0][0]
             received = time.monotonic()
             sign = 1 if version == 1 else -1  # v2 answers exactly minus v1
             mine.append((sent, received, version, bool(np.allclose(output, sign * reference, atol=1e-4))))
@@ -130,7 +138,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     workers = [
         context.Process(
             target=serve,
-            args=(index, paths, tokens, expected, args.clients, args.verify, commands[index], events),
+            args=(index, paths, tokens, expected, args.clients, args.verify, args.concurrent, commands[index], events),
             daemon=True,
         )
         for index in range(args.processes)
@@ -188,6 +196,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "processes": args.processes,
         "clients_per_process": args.clients,
         "verify": args.verify,
+        "concurrent_runs": args.concurrent,
         "report_seconds": args.report_seconds,
         "swaps": len(swaps),
         "swap_median_s": statistics.median(s["every_process_serving_s"] for s in swaps),
@@ -209,6 +218,7 @@ def report(result: dict[str, Any]) -> None:
     rows = [
         ("model", result["model"]),
         ("processes x client threads", f"{result['processes']} x {result['clients_per_process']}"),
+        ("runs in a process", "side by side" if result["concurrent_runs"] else "one at a time (one lane)"),
         ("each load", "read and sha256, session, one run" if result["verify"] else "session, one run"),
         ("swaps", f"{result['swaps']}"),
         ("median to every process switched", f"{result['swap_median_s'] * 1000:,.0f} ms"),
@@ -234,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle-seconds", type=float, default=1.0, help="pause after each swap's window")
     parser.add_argument(
         "--report-seconds", type=float, default=0.5, help="how long a window lasts after every process switched"
+    )
+    parser.add_argument(
+        "--concurrent", action="store_true", help="a process's clients run side by side instead of one at a time"
     )
     parser.add_argument("--no-verify", dest="verify", action="store_false", help="load without the sha256")
     parser.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "swap_floor.json")

@@ -123,9 +123,10 @@ def test_the_relay_floor_passes_a_multipart_upload_on_to_s3(tmp_path, relay_port
     assert s3_client.head_object(Bucket=s3_bucket, Key="relay/weights.bin", PartNumber=1)["PartsCount"] == 3
 
 
-def test_the_swap_floor_switches_every_process_to_each_version_it_loads(tmp_path, token_model):
+@pytest.mark.parametrize("runs", [[], ["--concurrent"]], ids=["one-at-a-time", "side-by-side"])
+def test_the_swap_floor_switches_every_process_to_each_version_it_loads(tmp_path, token_model, runs):
     output = tmp_path / "swap_floor.json"
-    argv = ["--model", str(token_model), "--swaps", "3", "--processes", "2", "--clients", "1"]
+    argv = ["--model", str(token_model), "--swaps", "3", "--processes", "2", "--clients", "2", *runs]
     argv += ["--steady-seconds", "1.5", "--settle-seconds", "0.1", "--report-seconds", "0.1", "--output", str(output)]
 
     assert swap_floor.main(argv) == 0
@@ -133,4 +134,5 @@ def test_the_swap_floor_switches_every_process_to_each_version_it_loads(tmp_path
     # Every run's answer was its version's (ids 1 to 32 sum to 528; v2 answers -528), and all three swaps
     # reached both processes.
     assert (result["swaps"], result["wrong_outputs"], len(result["per_swap_s"])) == (3, 0, 3)
+    assert result["concurrent_runs"] is bool(runs)
     assert result["runs"] > 0 and result["steady_p99_ms"] > 0 and result["swap_windows_p99_ms"] > 0
