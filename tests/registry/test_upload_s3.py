@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 import io
 import re
+import threading
 import uuid
+from typing import Any
 
 import pytest
 from django.conf import settings
@@ -158,13 +160,10 @@ def test_orphans_younger_than_the_grace_period_are_kept(owner, registered, any_s
     assert {item.key for item in get_storage().list("")} == referenced | {orphan_key}
 
 
-@pytest.mark.parametrize("read_size", [1, 7, 1000, 4096, 10_000, -1])
-def test_chunk_pipe_reads_return_the_exact_bytes_in_order(read_size):
-    import threading
-
+def fed_pipe(pieces: list[bytes]) -> tuple[Any, threading.Thread]:
+    """A ChunkPipe that a thread fills with ``pieces``, then closes; join the thread after reading."""
     from registry.http import ChunkPipe
 
-    pieces = [bytes([i]) * (997 + 13 * i) for i in range(40)]
     pipe = ChunkPipe()
 
     def feed() -> None:
@@ -174,6 +173,13 @@ def test_chunk_pipe_reads_return_the_exact_bytes_in_order(read_size):
 
     feeder = threading.Thread(target=feed)
     feeder.start()
+    return pipe, feeder
+
+
+@pytest.mark.parametrize("read_size", [1, 7, 1000, 4096, 10_000, -1])
+def test_chunk_pipe_reads_return_the_exact_bytes_in_order(read_size):
+    pieces = [bytes([i]) * (997 + 13 * i) for i in range(40)]
+    pipe, feeder = fed_pipe(pieces)
     got = []
     while chunk := pipe.read(read_size):
         assert read_size < 0 or len(chunk) <= read_size
@@ -185,21 +191,11 @@ def test_chunk_pipe_reads_return_the_exact_bytes_in_order(read_size):
 
 
 def test_a_chunk_pipe_read_larger_than_it_sets_aside_still_returns_every_byte():
-    import threading
-
-    from registry.http import PREALLOCATE_MAX, ChunkPipe
+    from registry.http import PREALLOCATE_MAX
 
     mib = 1024 * 1024
     pieces = [bytes([i]) * mib for i in range(20)]
-    pipe = ChunkPipe()
-
-    def feed() -> None:
-        for piece in pieces:
-            pipe.put(piece)
-        pipe.close()
-
-    feeder = threading.Thread(target=feed)
-    feeder.start()
+    pipe, feeder = fed_pipe(pieces)
     first = pipe.read(PREALLOCATE_MAX + mib + 3)  # past what the read sets aside: the buffer grows
     rest = pipe.read(PREALLOCATE_MAX + mib + 3)  # the end comes first: a short read
     feeder.join()
