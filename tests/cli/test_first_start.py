@@ -31,7 +31,9 @@ def test_serve_and_createtoken_started_together_on_a_fresh_data_folder_both_succ
         token = created.stdout.strip().splitlines()[-1]
         assert token.startswith("my_")
         server.wait_ready()
-        assert answers(f"{server.url}/api/v1/models") == 401  # the API runs on the database both migrated
+        # The API runs on the database both migrated. Its first request loads the API's modules: on a slow,
+        # busy machine that took longer than answers()'s usual 2 s, so it gets 30.
+        assert answers(f"{server.url}/api/v1/models", timeout=30) == 401
     finally:
         server.stop()
     assert "already exists" not in server.log()
