@@ -395,8 +395,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         files = [work / "model" / "model.onnx", work / "model" / "weights.bin"]
         total = sum(path.stat().st_size for path in files)
 
-        # MODELYARD_MALLOC_ARENAS passes through, so that glibc's default and the server's limit can be compared.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("MODELYARD_") or k == "MODELYARD_MALLOC_ARENAS"}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MODELYARD_")}
         env.update(aws)
         env.update(
             {
@@ -500,7 +499,6 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "server": {
                 "s3_multipart_chunk_mb": int(env.get("MODELYARD_S3_MULTIPART_CHUNK_MB", "8")),
                 "s3_max_concurrency": int(env.get("MODELYARD_S3_MAX_CONCURRENCY", "4")),
-                "malloc_arenas": int(env.get("MODELYARD_MALLOC_ARENAS") or "2"),
                 "validation": f"queued on {BROKER_URL} (not run; {dropped} message(s) removed afterwards)",
             },
             "rss_idle_bytes": rss_idle,

@@ -21,7 +21,7 @@ django.setup(set_prefix=False)
 
 from django.conf import settings  # noqa: E402  (after Django is set up)
 
-from modelyard import gc_tuning, health, malloc_arenas  # noqa: E402
+from modelyard import gc_tuning, health  # noqa: E402
 from modelyard import metrics as exposition  # noqa: E402
 
 django_app: Any = None
@@ -74,7 +74,6 @@ async def _lifespan(receive: Any, send: Any) -> None:
         if message["type"] == "lifespan.startup":
             # First: what exists now lives as long as the process; the runtime's threads make versions next.
             gc_tuning.tune_for_serving()
-            malloc_arenas.limit_for_serving()  # before the runtime's threads and the uploads' allocate
             if grpc_server is not None:
                 from inference.grpc.server import GrpcUnavailable
 

@@ -537,9 +537,6 @@ DRAIN_TIMEOUT_SECONDS = env_float("MODELYARD_DRAIN_TIMEOUT_SECONDS", 30.0, minim
 # Once a server has started: freeze its start-up objects out of the garbage collector's scans, and
 # collect the oldest generation ten times less often (modelyard/gc_tuning.py).
 GC_TUNING = env_bool("MODELYARD_GC_TUNING", True)
-# Once a server has started: at most this many glibc malloc arenas for the threads it starts from then
-# on, so that what one thread frees is reused by the others (modelyard/malloc_arenas.py); 0: glibc's own.
-MALLOC_ARENAS = env_int("MODELYARD_MALLOC_ARENAS", 2, minimum=0)
 # Shadow traffic (inference/shadow.py): at most this many sampled requests wait to be mirrored to a
 # candidate in one inference process; more are dropped and counted, never queued behind real work.
 SHADOW_QUEUE_SIZE = env_int("MODELYARD_SHADOW_QUEUE_SIZE", 16, minimum=1)
