@@ -131,8 +131,8 @@ def slow_model(*, size: int = 1024, layers: int = 100) -> onnx.ModelProto:
     """Takes seconds to run once: ``layers`` chained MatMuls of a fixed [size, size] input with one shared weight.
 
     The weight is filled with 1/size, so on the all-ones synthetic input every value stays 1.0 and the time
-    is pure arithmetic: for ONNX Runtime on one thread, 1.3 s on a fast 2-core test machine and 6 s on a slow
-    one (measured 2026-12-03), long enough for a test to kill the worker mid-run.
+    is pure arithmetic: for ONNX Runtime on one thread of the 2-core test machine, 6 s on 2026-12-03, when it
+    was at its slowest; long enough for a test to kill the worker mid-run.
     """
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [size, size])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [size, size])
