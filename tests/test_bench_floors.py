@@ -1,9 +1,11 @@
-"""The floors the benchmarks measure Modelyard against: ``bench/floor_server.py``, ``bench/relay_floor.py``
-and ``bench/swap_floor.py``.
+"""The floors the benchmarks measure Modelyard against: ``bench/floor_server.py``, ``bench/relay_floor.py``,
+``bench/swap_floor.py`` and ``bench/transport_floor.py``.
 
 A floor is only a floor if it does the same work: the floor server's answer must be ONNX Runtime's,
-the relay floor must store every byte it is sent, with the sha256 of those bytes, and the swap floor's
-processes must switch to each version they are told to load and answer what it computes.
+the relay floor must store every byte it is sent, with the sha256 of those bytes, the swap floor's
+processes must switch to each version they are told to load and answer what it computes, and the
+transport floor's echo servers must answer the same embedding over HTTP and gRPC, and count the gRPC
+calls as the benchmark's load generator expects.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 floor_server = importlib.import_module("floor_server")
 relay_floor = importlib.import_module("relay_floor")
 swap_floor = importlib.import_module("swap_floor")
+transport_floor = importlib.import_module("transport_floor")
 upload = importlib.import_module("upload")
 
 MIB = 1024 * 1024
@@ -136,3 +139,81 @@ def test_the_swap_floor_switches_every_process_to_each_version_it_loads(tmp_path
     assert (result["swaps"], result["wrong_outputs"], len(result["per_swap_s"])) == (3, 0, 3)
     assert result["concurrent_runs"] is bool(runs)
     assert result["runs"] > 0 and result["steady_p99_ms"] > 0 and result["swap_windows_p99_ms"] > 0
+
+
+GRPC_SERVICE = "/inference.GRPCInferenceService"
+
+
+def test_the_transport_floor_answers_one_embedding_in_both_encodings_over_http():
+    from inference.grpc import grpc_service_pb2 as pb
+
+    embedding = (np.arange(384, dtype=np.float32) / 7).reshape(1, 384)
+    body, header_length, message = transport_floor.answers(embedding)
+
+    app = transport_floor.http_app(body, header_length)
+    # Read to its end (the body in two messages), then the answer with the binary extension's headers.
+    assert call(app, "POST", "/v2/models/minilm/infer", b"x" * 99) == (200, body)
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(app({"type": "http", "method": "POST", "path": "/"}, receive, send))
+    assert dict(sent[0]["headers"])[b"inference-header-content-length"] == str(header_length).encode()
+    (output,) = json.loads(body[:header_length])["outputs"]
+    assert (output["name"], output["datatype"], output["shape"]) == ("sentence_embedding", "FP32", [1, 384])
+    np.testing.assert_array_equal(np.frombuffer(body[header_length:], "<f4").reshape(1, 384), embedding)
+    response = pb.ModelInferResponse.FromString(message)
+    (output,) = response.outputs
+    assert (output.name, output.datatype, list(output.shape)) == ("sentence_embedding", "FP32", [1, 384])
+    np.testing.assert_array_equal(np.frombuffer(response.raw_output_contents[0], "<f4").reshape(1, 384), embedding)
+
+
+def successes(raw: bytes) -> int:
+    from inference.grpc import grpc_service_pb2 as pb
+
+    return sum(s.inference_stats.success.count for s in pb.ModelStatisticsResponse.FromString(raw).model_stats)
+
+
+def test_the_transport_floors_grpc_aio_server_answers_model_infer_and_counts_the_calls():
+    import grpc
+
+    from inference.grpc import grpc_service_pb2 as pb
+
+    statistics_request = pb.ModelStatisticsRequest(name="minilm").SerializeToString()
+
+    async def exercise() -> tuple[list[bytes], int]:
+        server, port = transport_floor.grpc_server(0, b"the prepared answer")
+        await server.start()
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                infer = channel.unary_unary(f"{GRPC_SERVICE}/ModelInfer")
+                replies = [await infer(request) for request in (b"", b"any bytes", b"\x00" * 1000)]
+                counted = await channel.unary_unary(f"{GRPC_SERVICE}/ModelStatistics")(statistics_request)
+        finally:
+            await server.stop(None)
+        return replies, successes(counted)
+
+    assert asyncio.run(exercise()) == ([b"the prepared answer"] * 3, 3)
+
+
+def test_the_transport_floors_thread_pool_grpc_server_answers_model_infer_and_counts_the_calls():
+    import grpc
+
+    from inference.grpc import grpc_service_pb2 as pb
+
+    server, port = transport_floor.grpc_server(0, b"the prepared answer", aio=False)
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            infer = channel.unary_unary(f"{GRPC_SERVICE}/ModelInfer")
+            replies = [infer(request, timeout=30) for request in (b"", b"any bytes")]
+            counted = channel.unary_unary(f"{GRPC_SERVICE}/ModelStatistics")(
+                pb.ModelStatisticsRequest(name="minilm").SerializeToString(), timeout=30
+            )
+    finally:
+        server.stop(None)
+    assert (replies, successes(counted)) == ([b"the prepared answer"] * 2, 2)
