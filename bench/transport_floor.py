@@ -85,11 +85,11 @@ def answers(embedding: np.ndarray) -> tuple[bytes, int, bytes]:
     return header + raw, len(header), response.SerializeToString()
 
 
-# --- the two echo servers ----------------------------------------------------------------------------
+# --- the three echo servers --------------------------------------------------------------------------
 
 
 def http_app(answer: bytes, header_length: int) -> Any:
-    """A bare ASGI callable: reads the request's body to its end, sends ``answer``; GET is the readiness probe."""
+    """A bare ASGI callable: to any request, reads its body to its end and sends ``answer``."""
     headers = [
         (b"content-type", b"application/octet-stream"),
         (b"inference-header-content-length", str(header_length).encode()),
@@ -113,6 +113,7 @@ def grpc_server(port: int, answer: bytes, *, aio: bool = True) -> tuple[Any, int
 
     ``aio``: grpc.aio's server, whose handlers run on the event loop; else grpcio's thread-pool server.
     """
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     import grpc
@@ -120,9 +121,11 @@ def grpc_server(port: int, answer: bytes, *, aio: bool = True) -> tuple[Any, int
     from inference.grpc import grpc_service_pb2 as pb
 
     calls = [0]
+    counting = threading.Lock()  # the thread-pool server's handlers run side by side
 
     def infer(request: bytes, context: Any) -> bytes:
-        calls[0] += 1  # one thread at a time under the GIL; only the final count is read
+        with counting:
+            calls[0] += 1
         return answer
 
     def model_statistics(request: bytes, context: Any) -> bytes:
