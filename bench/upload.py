@@ -22,8 +22,11 @@ What it does, all on 127.0.0.1 and cleaned up afterwards:
    signature) to the same endpoint, or ``shutil.copyfile`` into a folder and fsync.
 
 Every measured write starts after ``os.sync()``, so none waits for the write-back of the one before.
-It prints a table and writes bench/results/upload.json (upload-local.json for the local store). The
-server's RSS growth should stay under 100 MB whatever the model size.
+While each of the three runs, it counts the CPU seconds of the server (all threads, and its main
+thread: the event loop for Modelyard), of moto and of this process (the client), since on a small
+machine they share the cores. It prints a table and writes bench/results/upload.json
+(upload-local.json for the local store). The server's RSS growth should stay under 100 MB whatever
+the model size.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ import uuid
 from pathlib import Path
 from typing import Any, cast
 
-from common import run_in_workdir, stop_process
+from common import CLOCK_TICKS, run_in_workdir, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -275,9 +278,49 @@ def post_raw(port: int, path: Path) -> tuple[int, Any]:
     return response.status, json.loads(data)
 
 
-def relay_floor(store_args: list[str], files: list[Path], digests: dict[str, str], work: Path) -> tuple[float, int]:
+def thread_cpu_seconds(pid: int, tid: int | None = None) -> float:
+    """CPU seconds (user + system) of process ``pid`` (all its threads, past and present), or of its thread ``tid``."""
+    stat = Path(f"/proc/{pid}/stat") if tid is None else Path(f"/proc/{pid}/task/{tid}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()  # after the name: state, ..., utime (12), stime (13)
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+class CpuSpent:
+    """Where the CPU went while one way of storing the bytes ran: the server's process (and its main thread,
+    the event loop for Modelyard), the store's server (moto), and this process (the client).
+
+    ``with CpuSpent(server=pid, store=moto_pid) as spent: ...``; then ``spent.seconds``. A pid may be None
+    (no such process: the direct write has no server, the local store no moto).
+    """
+
+    def __init__(self, *, server: int | None, store: int | None) -> None:
+        self.pids = {"server": server, "store": store}
+        self.seconds: dict[str, float] = {}
+
+    def _read(self) -> dict[str, float]:
+        read = {"client": time.process_time()}
+        for name, pid in self.pids.items():
+            if pid is not None:
+                read[name] = thread_cpu_seconds(pid)
+                if name == "server":
+                    read["server_main_thread"] = thread_cpu_seconds(pid, pid)
+        return read
+
+    def __enter__(self) -> CpuSpent:
+        self._before = self._read()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        after = self._read()
+        self.seconds = {name: round(after[name] - before, 2) for name, before in self._before.items()}
+
+
+def relay_floor(
+    store_args: list[str], files: list[Path], digests: dict[str, str], work: Path, store_pid: int | None
+) -> tuple[float, int, dict[str, float]]:
     """Pass ``files`` through ``bench/relay_floor.py`` to the same store, every sha256 checked: the seconds it
-    took, and how much the relay's RSS grew meanwhile (sampled as the server's is)."""
+    took, how much the relay's RSS grew meanwhile (sampled as the server's is), and the CPU spent
+    (:class:`CpuSpent`; ``store_pid`` is moto's)."""
     port = free_port()
     log = (work / "relay-floor.log").open("wb")
     floor = subprocess.Popen(
@@ -295,12 +338,13 @@ def relay_floor(store_args: list[str], files: list[Path], digests: dict[str, str
         sampler = RssSampler(floor.pid)
         sampler.start()
         started = time.monotonic()
-        for path in files:
-            status, body = post_raw(port, path)
-            assert status == 200 and body["sha256"] == digests[path.name], (path.name, status, body)
+        with CpuSpent(server=floor.pid, store=store_pid) as spent:
+            for path in files:
+                status, body = post_raw(port, path)
+                assert status == 200 and body["sha256"] == digests[path.name], (path.name, status, body)
         seconds = time.monotonic() - started
         sampler.stop()
-        return seconds, max(sampler.peak, rss_bytes(floor.pid, "VmHWM")) - before
+        return seconds, max(sampler.peak, rss_bytes(floor.pid, "VmHWM")) - before, spent.seconds
     finally:
         stop_process(floor)
         log.close()
@@ -457,7 +501,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         sampler.start()
         print(f"uploading {total / 1e6:.0f} MB through Modelyard (server pid {server.pid}) ...", flush=True)
         started = time.monotonic()
-        status, body, _ = stream_upload(port, token, MODEL_NAME, files)
+        with CpuSpent(server=server.pid, store=None if moto is None else moto.pid) as modelyard_cpu:
+            status, body, _ = stream_upload(port, token, MODEL_NAME, files)
         upload_s = time.monotonic() - started
         time.sleep(0.3)
         sampler.stop()
@@ -475,20 +520,27 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         server = None
 
         if args.store == "s3":
-            floor_s, floor_growth = relay_floor(["--s3-endpoint", endpoint, "--bucket", BUCKET], files, digests, work)
+            assert moto is not None
+            floor_s, floor_growth, floor_cpu = relay_floor(
+                ["--s3-endpoint", endpoint, "--bucket", BUCKET], files, digests, work, moto.pid
+            )
             print("uploading the same files with boto3 upload_file ...", flush=True)
             settle()
             started = time.monotonic()
-            for path in files:
-                s3.upload_file(str(path), BUCKET, f"boto3/{path.name}")
+            with CpuSpent(server=None, store=moto.pid) as direct_cpu:
+                for path in files:
+                    s3.upload_file(str(path), BUCKET, f"boto3/{path.name}")
             direct_s = time.monotonic() - started
             head = s3.head_object(Bucket=BUCKET, Key="boto3/weights.bin")
             assert head["ContentLength"] == files[1].stat().st_size
         else:
-            floor_s, floor_growth = relay_floor(["--folder", str(work / "relay")], files, digests, work)
+            floor_s, floor_growth, floor_cpu = relay_floor(
+                ["--folder", str(work / "relay")], files, digests, work, None
+            )
             print("copying the same files into a folder (shutil.copyfile, fsync), no server ...", flush=True)
             settle()
-            direct_s = copy_to_folder(files, work / "copy")
+            with CpuSpent(server=None, store=None) as direct_cpu:
+                direct_s = copy_to_folder(files, work / "copy")
 
         modelyard_rate, floor_rate, direct_rate = (mb_per_s(total, s) for s in (upload_s, floor_s, direct_s))
         return {
@@ -521,6 +573,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "ratio_modelyard_to_direct": modelyard_rate / direct_rate,
             "ratio_floor_to_direct": floor_rate / direct_rate,
             "ratio_modelyard_to_floor": modelyard_rate / floor_rate,
+            # CPU seconds while each ran: server (all threads; server_main_thread: the event loop for
+            # Modelyard), store (moto), client (this process).
+            "cpu_seconds": {
+                "modelyard": modelyard_cpu.seconds,
+                "floor": floor_cpu,
+                "direct": direct_cpu.seconds,
+            },
         }
     finally:
         if server is not None:
@@ -531,6 +590,17 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 DIRECT = {"s3": "boto3 upload_file", "local": "shutil.copyfile into a folder, fsync"}
+
+
+def describe_cpu(seconds: dict[str, float]) -> str:
+    """``server 9.1 (main thread 2.3), store 7.0, client 1.2``: the CPU seconds of one way of storing."""
+    parts = []
+    if "server" in seconds:
+        parts.append(f"server {seconds['server']:.1f} (main thread {seconds['server_main_thread']:.1f})")
+    if "store" in seconds:
+        parts.append(f"store {seconds['store']:.1f}")
+    parts.append(f"client {seconds['client']:.1f}")
+    return ", ".join(parts)
 
 
 def report(result: dict[str, Any]) -> None:
@@ -564,6 +634,7 @@ def report(result: dict[str, Any]) -> None:
         ("ratio modelyard / direct", f"{result['ratio_modelyard_to_direct']:.2f}"),
         ("ratio relay floor / direct", f"{result['ratio_floor_to_direct']:.2f}"),
         ("ratio modelyard / relay floor", f"{result['ratio_modelyard_to_floor']:.2f}"),
+        *((f"CPU s, {way}", describe_cpu(result["cpu_seconds"][way])) for way in ("modelyard", "floor", "direct")),
         ("version", f"{result['version']['version']} ({result['version']['status']})"),
     ]
     width = max(len(name) for name, _ in rows)

@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import importlib
 import json
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -220,3 +221,18 @@ def test_the_transport_floors_thread_pool_grpc_server_answers_model_infer_and_co
     finally:
         server.stop(None)
     assert (replies, successes(counted)) == ([b"the prepared answer"] * 200, 200)
+
+
+def test_the_upload_benchmark_counts_the_cpu_a_server_spends_while_it_stores(tmp_path):
+    # A "server" that spends half a CPU-second in its main thread, says so, and waits to be let go.
+    burn = "import sys, time\nwhile time.process_time() < 0.5: pass\nprint('done', flush=True)\nsys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        with upload.CpuSpent(server=child.pid, store=None) as spent:
+            assert child.stdout.readline() == "done\n"
+    finally:
+        child.communicate("")
+    assert set(spent.seconds) == {"server", "server_main_thread", "client"}
+    assert 0.4 <= spent.seconds["server_main_thread"] <= spent.seconds["server"]
+    assert spent.seconds["client"] < 0.4  # this process only waited
