@@ -85,3 +85,31 @@ def test_a_body_over_the_upload_limit_stops_the_read(loop, settings):
     assert len(received) == 4  # the message that passed the limit was the last one received
     body.read()
     assert len(received) == 4  # and the body is over: nothing more is received
+
+
+def slow_body(loop: asyncio.AbstractEventLoop, pauses: list[float]) -> StreamingBody:
+    """A body of one 64 KiB message after each pause (seconds), then silence if the last pause is None."""
+
+    async def receive() -> dict[str, Any]:
+        if not pauses:
+            await asyncio.Event().wait()  # the client says nothing more
+        await asyncio.sleep(pauses.pop(0))
+        return {"type": "http.request", "body": b"z" * MESSAGE, "more_body": True}
+
+    return StreamingBody(asyncio.run_coroutine_threadsafe(_channel(receive), loop).result(), loop)
+
+
+def test_a_read_waits_as_long_as_messages_keep_coming_within_the_idle_timeout(loop, settings):
+    settings.BODY_IDLE_TIMEOUT_SECONDS = 0.5
+    body = slow_body(loop, [0.2, 0.2, 0.2, 0.2])  # 0.8 s for one read: longer than the timeout, never silent that long
+    assert body.read(4 * MESSAGE) == b"z" * (4 * MESSAGE)
+
+
+def test_a_client_silent_for_the_idle_timeout_ends_the_read(loop, settings, caplog):
+    settings.BODY_IDLE_TIMEOUT_SECONDS = 0.3
+    body = slow_body(loop, [0.0, 0.1])  # two messages, then nothing
+    with pytest.raises(streaming.BodyIdleTimeout, match=r"no request body bytes arrived for 0.3 s"):
+        body.read(4 * MESSAGE)
+    assert body.received == 2 * MESSAGE
+    assert "/api/v1/models/m/versions: the client sent no body bytes for 0.3 s; request ended" in caplog.text
+    assert body.read() == b"z" * (2 * MESSAGE)  # what arrived before the silence; nothing more is received
