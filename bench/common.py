@@ -61,6 +61,12 @@ def stop_process(process: subprocess.Popen[Any] | None, sig: int = signal.SIGTER
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
+def stat_cpu_seconds(stat: Path) -> float:
+    """CPU seconds (user + system) in a /proc ``stat`` file: a process's (all its threads) or one thread's."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()  # after the name: state, ppid, ..., utime (12), stime (13)
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
 def group_cpu_seconds(pgid: int) -> float:
     """CPU seconds (user + system) used so far by the live processes of process group ``pgid`` (Linux)."""
     total = 0

@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import stop_process
+from common import stat_cpu_seconds, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -730,14 +730,12 @@ class GrpcLoad:
 
 def thread_cpu(pid: int) -> dict[int, float]:
     """CPU seconds (user + system) of every thread of a process, by thread id."""
-    ticks = os.sysconf("SC_CLK_TCK")
     out = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(task.name)] = stat_cpu_seconds(task / "stat")
         except OSError:
             continue  # the thread ended
-        out[int(task.name)] = (int(fields[11]) + int(fields[12])) / ticks
     return out
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import statistics
 import subprocess
 import sys
@@ -68,21 +67,17 @@ KINDS = ("http", "grpc", "grpc-sync")
 
 
 def answers(embedding: np.ndarray) -> tuple[bytes, int, bytes]:
-    """The same answer in both encodings: (HTTP body, its JSON header's length, serialized ModelInferResponse)."""
-    from inference.grpc import grpc_service_pb2 as pb
+    """The same answer in both encodings, by Modelyard's own encoders (binary outputs, as the benchmark's
+    requests ask): (HTTP body, its JSON header's length, serialized ModelInferResponse)."""
+    from inference.grpc.codec import encode_infer_response
+    from inference.protocol import InferRequest, InferResult, encode_response
 
-    raw = embedding.astype("<f4").tobytes()
-    output = {
-        "name": "sentence_embedding",
-        "datatype": "FP32",
-        "shape": list(embedding.shape),
-        "parameters": {"binary_data_size": len(raw)},
-    }
-    header = json.dumps({"model_name": MODEL_NAME, "model_version": "1", "outputs": [output]}).encode()
-    response = pb.ModelInferResponse(model_name=MODEL_NAME, model_version="1")
-    response.outputs.add(name="sentence_embedding", datatype="FP32", shape=list(embedding.shape))
-    response.raw_output_contents.append(raw)
-    return header + raw, len(header), response.SerializeToString()
+    name = "sentence_embedding"
+    request = InferRequest(id=None, inputs={}, outputs=[name], binary_outputs={name}, signature={})
+    values = {name: embedding}
+    body, headers = encode_response(model=MODEL_NAME, version="1", request=request, values=values)
+    message = encode_infer_response(InferResult(MODEL_NAME, "1", values), request).SerializeToString()
+    return body, int(headers["inference-header-content-length"]), message
 
 
 # --- the three echo servers --------------------------------------------------------------------------

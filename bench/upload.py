@@ -46,7 +46,7 @@ import uuid
 from pathlib import Path
 from typing import Any, cast
 
-from common import CLOCK_TICKS, run_in_workdir, stop_process
+from common import run_in_workdir, stat_cpu_seconds, stop_process
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -278,13 +278,6 @@ def post_raw(port: int, path: Path) -> tuple[int, Any]:
     return response.status, json.loads(data)
 
 
-def thread_cpu_seconds(pid: int, tid: int | None = None) -> float:
-    """CPU seconds (user + system) of process ``pid`` (all its threads, past and present), or of its thread ``tid``."""
-    stat = Path(f"/proc/{pid}/stat") if tid is None else Path(f"/proc/{pid}/task/{tid}/stat")
-    fields = stat.read_text().rsplit(")", 1)[1].split()  # after the name: state, ..., utime (12), stime (13)
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-
-
 class CpuSpent:
     """Where the CPU went while one way of storing the bytes ran: the server's process (and its main thread,
     the event loop for Modelyard), the store's server (moto), and this process (the client).
@@ -301,9 +294,9 @@ class CpuSpent:
         read = {"client": time.process_time()}
         for name, pid in self.pids.items():
             if pid is not None:
-                read[name] = thread_cpu_seconds(pid)
+                read[name] = stat_cpu_seconds(Path(f"/proc/{pid}/stat"))  # all its threads
                 if name == "server":
-                    read["server_main_thread"] = thread_cpu_seconds(pid, pid)
+                    read["server_main_thread"] = stat_cpu_seconds(Path(f"/proc/{pid}/task/{pid}/stat"))
         return read
 
     def __enter__(self) -> CpuSpent:
