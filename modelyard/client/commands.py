@@ -23,7 +23,6 @@ from typing import IO, Any, TypedDict
 from modelyard.client.config import DEFAULT_PROFILE, TLS_VARIABLES, save_profile
 from modelyard.client.core import BUNDLE, Client, file_digests, token_from_password
 from modelyard.client.errors import ApiError, BadRequest, ConfigError, ModelyardError, NotFound, ValidationFailed
-from modelyard.client.tensors import NUMPY_OF
 from modelyard.client.types import (
     Alias,
     AliasMove,
@@ -1007,6 +1006,8 @@ def cmd_retention_preview(args: argparse.Namespace, client: Client) -> int:
 def _input_value(text: str, datatype: str | None) -> Any:
     """``NAME=VALUE``'s value: a .npy file, a .json file, or JSON inline, as the input's datatype."""
     import numpy as np
+
+    from modelyard.client.tensors import NUMPY_OF
 
     target = NUMPY_OF.get(datatype or "")
     if text.endswith(".npy"):

@@ -1,6 +1,8 @@
 """The Modelyard client: the registry's REST API and ``/v2`` inference as typed Python methods.
 
-It needs ``requests`` and numpy, nothing of the server: no Django, no Celery, no ONNX.
+It needs ``requests`` and numpy, nothing of the server: no Django, no Celery, no ONNX. numpy is imported
+with the tensors, by the calls that send or receive them (:meth:`Client.infer`), so that the command line's
+other commands start without it.
 """
 
 from __future__ import annotations
@@ -17,13 +19,11 @@ from datetime import datetime
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from pathlib import Path
-from typing import IO, Any, TypeVar, overload
+from typing import IO, TYPE_CHECKING, Any, TypeVar, overload
 from urllib.parse import parse_qsl, quote, urlsplit
 
-import numpy as np
 import requests
 
-from modelyard.client import tensors
 from modelyard.client.config import resolve
 from modelyard.client.errors import (
     ApiError,
@@ -60,6 +60,9 @@ from modelyard.client.types import (
     Version,
     Webhook,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
 
 CONNECT_TIMEOUT = 10.0
 E = TypeVar("E", bound=BaseException)
@@ -803,6 +806,8 @@ class Client:
         Inputs and outputs travel as binary tensors; each array's dtype must be the input's datatype
         (float32 for FP32, and so on; strings or bytes for BYTES).
         """
+        from modelyard.client import tensors
+
         body, header_length = tensors.encode_request(inputs, outputs)
         response = self.request(
             "POST",

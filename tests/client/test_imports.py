@@ -49,6 +49,29 @@ def test_the_client_leaves_the_signing_library_until_a_command_needs_it():
     assert done.stdout.strip() == "[]"
 
 
+def test_only_the_commands_that_carry_tensors_import_numpy():
+    """numpy is a sixth of the command line's start-up: commands without tensors run with it unimportable."""
+    done = run_python(
+        "sys.modules['numpy'] = None\n"
+        "from modelyard.cli import main\n"
+        "sys.exit(main(['models', '--url', 'http://127.0.0.1:9', '--token', 'my_x_y']))\n"
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("modelyard models: cannot reach http://127.0.0.1:9: ")
+
+    done = run_python(
+        "from modelyard.client import Client\n"
+        "client = Client('http://127.0.0.1:9', token='my_x_y')\n"
+        "before = 'numpy' in sys.modules\n"
+        "try:\n"
+        "    client.infer('m', {})\n"
+        "except Exception as exc:\n"
+        "    print(before, 'numpy' in sys.modules, type(exc).__name__)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "ConnectionFailed"]
+
+
 def test_verify_checks_a_folder_with_the_server_code_unimportable(tmp_path):
     from modelyard.provenance import Signer, generate_private_key
 
