@@ -1,4 +1,4 @@
-"""The suite's own machinery: the validation memo and the xdist groups (tests/support/)."""
+"""The suite's own machinery: the validation memo, the xdist groups and the migrated database (tests/support/)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 
 from onnxkit.validation import ValidationResult
 from tests.support import scheduling, validation_memo
+from tests.support.embedded import copy_migrated_database, embedded_env, modelyard
 from tests.support.onnx_models import add_model_bytes, endless_loop_model
 
 LIMITS = {"timeout_seconds": 60, "memory_mb": 2048, "tokenizer_max_bytes": 64 * 2**20}
@@ -109,3 +110,12 @@ def test_slow_tests_come_first_then_the_grouped_ones(request):
     rest = [i for i in range(len(order)) if i not in placed]
     assert rest, "this test itself is neither slow nor grouped"
     assert max(slow, default=-1) < min(rest) and max(grouped, default=-1) < min(rest)
+
+
+def test_a_copied_migrated_database_has_nothing_left_to_apply_and_an_empty_folder_has(tmp_path):
+    copy_migrated_database(tmp_path / "copy")
+    copied = modelyard(embedded_env(tmp_path / "copy"), "manage", "migrate", "--check")
+    assert copied.returncode == 0, copied.stdout + copied.stderr
+
+    empty = modelyard(embedded_env(tmp_path / "empty"), "manage", "migrate", "--check")
+    assert empty.returncode == 1, empty.stdout + empty.stderr
