@@ -523,7 +523,26 @@ def manage(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The commands above, which run the server's code. Their command lines are parsed without the user commands,
+# whose module (with the HTTP client under it) takes longer to import than most operator commands take to run.
+OPERATOR_COMMANDS = frozenset(
+    {
+        "serve",
+        "worker",
+        "beat",
+        "createtoken",
+        "rotatetoken",
+        "createserviceaccount",
+        "revoketoken",
+        "sign-versions",
+        "demo",
+        "manage",
+    }
+)
+
+
+def build_parser(*, user_commands: bool = True) -> argparse.ArgumentParser:
+    """``modelyard``'s parser: the operator commands, and the user commands unless ``user_commands`` is false."""
     parser = argparse.ArgumentParser(prog="modelyard", description="Modelyard: ONNX model registry and serving")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -635,14 +654,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("manage_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=manage)
 
-    from modelyard.client.commands import add_commands
+    if user_commands:
+        from modelyard.client.commands import add_commands
 
-    add_commands(sub)
+        add_commands(sub)
     return parser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    # ``modelyard`` has no options of its own before the command (only --help, which lists every command).
+    parser = build_parser(user_commands=not (argv and argv[0] in OPERATOR_COMMANDS))
     args, extra = parser.parse_known_args(argv)
     if args.command == "worker":
         # Everything modelyard does not know (--pool solo, -Q ...) goes to Celery as it is.
