@@ -1,7 +1,10 @@
-"""The suite's own machinery: the validation memo, the xdist groups and the migrated database (tests/support/)."""
+"""The suite's own machinery (tests/support/): the validation memo, the xdist groups, the migrated database, and the
+fork server of the ``modelyard`` commands."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,7 @@ import pytest
 from onnxkit.validation import ValidationResult
 from tests.support import scheduling, validation_memo
 from tests.support.embedded import copy_migrated_database, embedded_env, modelyard
+from tests.support.forkserver import fork_server
 from tests.support.onnx_models import add_model_bytes, endless_loop_model
 
 LIMITS = {"timeout_seconds": 60, "memory_mb": 2048, "tokenizer_max_bytes": 64 * 2**20}
@@ -119,3 +123,41 @@ def test_a_copied_migrated_database_has_nothing_left_to_apply_and_an_empty_folde
 
     empty = modelyard(embedded_env(tmp_path / "empty"), "manage", "migrate", "--check")
     assert empty.returncode == 1, empty.stdout + empty.stderr
+
+
+SHELL = """import os, sys
+print(os.getcwd(), os.environ["GREETING"], sys.argv)
+print("to stderr", file=sys.stderr)
+sys.exit(3)
+"""
+
+
+def test_a_forked_command_has_its_own_arguments_environment_folder_streams_and_exit_status(tmp_path):
+    """Django's shell runs the script on its standard input, and prints what the command was given."""
+    env = embedded_env(tmp_path / "data", GREETING="hello")
+    (tmp_path / "work").mkdir()
+
+    done = modelyard(env, "manage", "shell", "--no-imports", stdin=SHELL, cwd=tmp_path / "work")
+
+    assert done.returncode == 3, done.stderr
+    assert done.stdout.splitlines()[-1] == f"{tmp_path / 'work'} hello ['modelyard', 'manage', 'shell', '--no-imports']"
+    assert done.stderr == "to stderr\n"
+    assert "GREETING" not in os.environ and os.getcwd() != str(tmp_path / "work")
+
+
+def test_a_forked_commands_uncaught_exception_and_its_timeout(tmp_path):
+    env = embedded_env(tmp_path / "data")
+
+    failed = modelyard(env, "manage", "shell", "--no-imports", stdin="raise ValueError('boom')\n")
+    assert failed.returncode == 1
+    assert failed.stderr.endswith("ValueError: boom\n")
+
+    first = fork_server()
+    with pytest.raises(subprocess.TimeoutExpired):
+        first.run(
+            ["manage", "shell", "--no-imports"], env=env, cwd=None, stdin="import time; time.sleep(60)", timeout=3
+        )
+    assert first.process.poll() is not None  # the server went with the command
+    again = modelyard(env, "--help")
+    assert again.returncode == 0 and again.stdout.startswith("usage: modelyard")
+    assert fork_server() is not first

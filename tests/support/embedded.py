@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelyard.processes import kill_group
+from tests.support.forkserver import fork_server
 from tests.support.processes import free_port
 
 MODELYARD = str(Path(sys.executable).with_name("modelyard"))
@@ -93,10 +94,12 @@ class EmbeddedServer:
 def modelyard(
     env: dict[str, str], *args: str, stdin: str | None = None, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """Run one ``modelyard`` command as a user would; returns its exit status and output."""
-    return subprocess.run(
-        [MODELYARD, *args], env=env, input=stdin, capture_output=True, text=True, timeout=180, cwd=cwd
-    )
+    """Run one ``modelyard`` command as a user would; returns its exit status and output.
+
+    It runs in a process of its own, forked from one that has already imported the command line
+    (:mod:`tests.support.forkserver`): the same command, without Python's start each time.
+    """
+    return fork_server().run(list(args), env=env, cwd=cwd, stdin=stdin, timeout=180)
 
 
 @dataclass
