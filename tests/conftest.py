@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,11 +19,21 @@ from storage import get_storage
 from tests.support.people import Person, make_person
 from tests.support.s3 import S3_PREFIX, delete_bucket, moto_server
 from tests.support.scheduling import SuiteOrder, check_groups_arrived, mark_groups
-from tests.support.validation_memo import HOOK, remembered_validate_in_child
+from tests.support.validation_memo import HOOK, remembered_validate_in_child, share_with_workers, stop_sharing
+
+# The validation memo's folder, in the process that made it (tests/support/validation_memo.py).
+MEMO_FOLDER = pytest.StashKey[Path | None]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(SuiteOrder(), "modelyard-suite-order")
+    config.stash[MEMO_FOLDER] = share_with_workers()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(MEMO_FOLDER, None)
+    if folder is not None:
+        stop_sharing(folder)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups into the node ids

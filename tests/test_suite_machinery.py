@@ -19,10 +19,11 @@ LIMITS = {"timeout_seconds": 60, "memory_mb": 2048, "tokenizer_max_bytes": 64 * 
 
 
 @pytest.fixture
-def memo(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """An empty memo with fresh counts, so this test sees only its own validations."""
+def memo(monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory) -> dict[str, int]:
+    """An empty memo, shared through an empty folder, with fresh counts: this test sees only its own validations."""
     monkeypatch.setattr(validation_memo, "_remembered", {})
-    counts = {"validated": 0, "remembered": 0}
+    monkeypatch.setenv(validation_memo.SHARED, str(tmp_path_factory.mktemp("shared-memo")))
+    counts = {"validated": 0, "remembered": 0, "shared": 0}
     monkeypatch.setattr(validation_memo, "counts", counts)
     return counts
 
@@ -43,7 +44,7 @@ def test_the_memo_validates_each_distinct_bundle_for_real_once(memo, tmp_path):
         bundle(tmp_path / "b", "model.onnx", add_model_bytes()), {"model.onnx"}, **LIMITS
     )
     assert first.ok and again == first and again is not first
-    assert memo == {"validated": 1, "remembered": 1}
+    assert memo == {"validated": 1, "remembered": 1, "shared": 0}
     again.errors.append("changed by a caller")
     assert (
         validation_memo.remembered_validate_in_child(
@@ -62,7 +63,35 @@ def test_the_memo_validates_each_distinct_bundle_for_real_once(memo, tmp_path):
     validation_memo.remembered_validate_in_child(
         bundle(tmp_path / "f", "model.onnx", add_model_bytes()), {"model.onnx"}, **(LIMITS | {"memory_mb": 1024})
     )
-    assert memo == {"validated": 4, "remembered": 2}
+    assert memo == {"validated": 4, "remembered": 2, "shared": 0}
+
+
+def test_another_process_of_the_run_reads_a_result_instead_of_validating_again(memo, tmp_path, monkeypatch):
+    first = validation_memo.remembered_validate_in_child(
+        bundle(tmp_path / "a", "model.onnx", add_model_bytes()), {"model.onnx"}, **LIMITS
+    )
+    (shared,) = Path(os.environ[validation_memo.SHARED]).iterdir()
+    assert shared.suffix == ".pickle"
+
+    monkeypatch.setattr(validation_memo, "_remembered", {})  # as in another worker: only the folder is common
+    again = validation_memo.remembered_validate_in_child(
+        bundle(tmp_path / "b", "model.onnx", add_model_bytes()), {"model.onnx"}, **LIMITS
+    )
+    assert again == first and first.ok
+    assert memo == {"validated": 1, "remembered": 0, "shared": 1}
+    validation_memo.remembered_validate_in_child(
+        bundle(tmp_path / "c", "model.onnx", add_model_bytes()), {"model.onnx"}, **LIMITS
+    )
+    assert memo == {"validated": 1, "remembered": 1, "shared": 1}
+
+
+def test_the_first_process_of_a_run_makes_the_shared_folder_and_removes_it(monkeypatch):
+    monkeypatch.delenv(validation_memo.SHARED)
+    folder = validation_memo.share_with_workers()
+    assert folder is not None and folder.is_dir() and os.environ[validation_memo.SHARED] == str(folder)
+    assert validation_memo.share_with_workers() is None  # a worker: the variable is set
+    validation_memo.stop_sharing(folder)
+    assert not folder.exists() and validation_memo.SHARED not in os.environ
 
 
 def test_a_result_that_a_limit_cut_short_is_not_remembered(memo, tmp_path):
@@ -73,7 +102,8 @@ def test_a_result_that_a_limit_cut_short_is_not_remembered(memo, tmp_path):
             bundle(tmp_path / folder, "loop.onnx", loop), {"loop.onnx"}, **limits
         )
         assert result.errors[0].startswith("validation stopped after 3 s")
-    assert memo == {"validated": 2, "remembered": 0}
+    assert memo == {"validated": 2, "remembered": 0, "shared": 0}
+    assert list(Path(os.environ[validation_memo.SHARED]).iterdir()) == []
 
 
 def test_only_a_cut_short_result_counts_as_cut_short():

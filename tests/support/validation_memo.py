@@ -7,6 +7,11 @@ the files' bytes and names and the limits it runs under. The first validation of
 still runs for real, in the sandbox; later ones get a copy of its result. A result that a limit cut
 short (``validation stopped ...``) depends on how busy the machine was, so it is never remembered.
 
+The results are shared by the processes of one run: the first process (the only one, or the controller of
+pytest-xdist's workers) makes a folder and names it in ``MODELYARD_TEST_VALIDATION_MEMO``, which the workers
+inherit; a result validated by one worker is a file there (a pickle named by the key's sha256) that the
+others read instead of validating the same bytes again.
+
 Tests about validation itself opt out with ``@pytest.mark.real_validation`` (tests/conftest.py).
 """
 
@@ -14,6 +19,10 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
+import pickle
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +31,33 @@ from onnxkit.validation import ValidationResult, validate_in_child
 # Where ``registry.validation.job`` looks the function up: the one name the memo replaces.
 HOOK = "registry.validation.job.validate_in_child"
 
+# The folder of the results this run's processes share.
+SHARED = "MODELYARD_TEST_VALIDATION_MEMO"
+
 _remembered: dict[tuple[Any, ...], ValidationResult] = {}
-counts = {"validated": 0, "remembered": 0}
+counts = {"validated": 0, "remembered": 0, "shared": 0}
+
+
+def share_with_workers() -> Path | None:
+    """In the run's first process: make the shared folder, named in the environment the workers inherit.
+
+    Returns the folder to remove when the run ends, or None in a worker (the folder is its controller's).
+    """
+    if os.environ.get(SHARED):
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="modelyard-validation-memo-"))
+    os.environ[SHARED] = str(folder)
+    return folder
+
+
+def stop_sharing(folder: Path) -> None:
+    del os.environ[SHARED]
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _shared_file(key: tuple[Any, ...]) -> Path | None:
+    folder = os.environ.get(SHARED)
+    return Path(folder) / f"{hashlib.sha256(repr(key).encode()).hexdigest()}.pickle" if folder else None
 
 
 def _bundle_digest(model_path: Path, file_names: set[str]) -> tuple[tuple[str, str], ...]:
@@ -46,8 +80,18 @@ def remembered_validate_in_child(model_path: Path, file_names: set[str], **limit
     if key in _remembered:
         counts["remembered"] += 1
         return copy.deepcopy(_remembered[key])
+    shared = _shared_file(key)
+    if shared is not None and shared.exists():
+        counts["shared"] += 1
+        _remembered[key] = pickle.loads(shared.read_bytes())  # written by a process of this run
+        return copy.deepcopy(_remembered[key])
     result = validate_in_child(model_path, file_names, **limits)
     counts["validated"] += 1
     if not _cut_short(result):
         _remembered[key] = copy.deepcopy(result)
+        if shared is not None:
+            # Whole or not at all: a worker reading it meanwhile finds no file, or this one.
+            partial = shared.with_name(f"{shared.name}.{os.getpid()}")
+            partial.write_bytes(pickle.dumps(result))
+            os.replace(partial, shared)
     return result
