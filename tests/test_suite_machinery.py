@@ -4,14 +4,16 @@ fork server of the ``modelyard`` commands."""
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from modelyard.client import Client, Version
 from onnxkit.validation import ValidationResult
 from tests.support import scheduling, validation_memo
-from tests.support.embedded import copy_migrated_database, embedded_env, modelyard
+from tests.support.embedded import copy_migrated_database, embedded_env, modelyard, start_live_server
 from tests.support.forkserver import fork_server
 from tests.support.onnx_models import add_model_bytes, endless_loop_model
 
@@ -83,6 +85,42 @@ def test_another_process_of_the_run_reads_a_result_instead_of_validating_again(m
         bundle(tmp_path / "c", "model.onnx", add_model_bytes()), {"model.onnx"}, **LIMITS
     )
     assert memo == {"validated": 1, "remembered": 1, "shared": 1}
+
+
+def test_server_processes_validate_through_the_shared_memo(memo, tmp_path):
+    """A ``modelyard serve`` that a test starts writes its validation to the run's folder; another reads it back."""
+    shared = Path(os.environ[validation_memo.SHARED])
+    model = tmp_path / "model.onnx"
+    model.write_bytes(add_model_bytes(bias=5.0))
+
+    def push_to_a_new_server(folder: Path) -> Version:
+        live = start_live_server(folder)
+        try:
+            client = Client(live.url, live.createtoken("max", "maintainer"))
+            return client.wait_ready("summer", client.push("summer", model).version)
+        finally:
+            live.server.stop()
+
+    first = push_to_a_new_server(tmp_path / "first")
+    assert first.status == "ready" and first.warnings == []
+    (written,) = shared.iterdir()  # the server validated for real, and its result is here
+
+    # Mark the remembered result: another server given the same bytes reads it rather than validating.
+    result = pickle.loads(written.read_bytes())
+    result.warnings.append("read from the shared memo")
+    written.write_bytes(pickle.dumps(result))
+    second = push_to_a_new_server(tmp_path / "second")
+    assert (second.status, second.warnings) == ("ready", ["read from the shared memo"])
+    assert [path.name for path in shared.iterdir()] == [written.name]
+    assert memo == {"validated": 0, "remembered": 0, "shared": 0}  # all of it in the servers' processes
+
+
+def test_a_server_process_has_no_memo_when_the_run_shares_none(monkeypatch):
+    env = {"PATH": "/usr/bin", "PYTHONPATH": "/elsewhere"}
+    assert validation_memo.in_servers(env)[validation_memo.SHARED] == os.environ[validation_memo.SHARED]
+    assert validation_memo.in_servers(env)["PYTHONPATH"] == f"{validation_memo.SITE}{os.pathsep}/elsewhere"
+    monkeypatch.delenv(validation_memo.SHARED)
+    assert validation_memo.in_servers(env) == env
 
 
 def test_the_first_process_of_a_run_makes_the_shared_folder_and_removes_it(monkeypatch):

@@ -1,4 +1,10 @@
-"""`modelyard demo` on the embedded default, as a newcomer runs it: beside `modelyard serve`, then again."""
+"""`modelyard demo` on the embedded default, as a newcomer runs it: beside `modelyard serve`, then again.
+
+The first start's migration is the newcomer's path in ``test_demo_without_a_server_says_how_to_start_one``;
+the other tests start from a copy of a migrated database (``tests/support/embedded.py``), as a second
+start would find it. Each command's environment names the run's shared validation memo
+(``tests/support/validation_memo.py``): the demo's model is validated for real once per run.
+"""
 
 from __future__ import annotations
 
@@ -17,6 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import validation_memo
+from tests.support.embedded import copy_migrated_database
+
 MODELYARD = str(Path(sys.executable).with_name("modelyard"))
 
 
@@ -24,7 +33,7 @@ def embedded_env(data_dir: Path) -> dict[str, str]:
     """No configuration at all, as on a laptop: SQLite and artifacts in the data folder, tasks in-process."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MODELYARD_") and k != "DJANGO_SETTINGS_MODULE"}
     env["MODELYARD_DATA_DIR"] = str(data_dir)
-    return env
+    return validation_memo.in_servers(env)
 
 
 def free_port() -> int:
@@ -59,7 +68,8 @@ def demo_state(data_dir: Path) -> tuple[list[tuple[int, int, str]], int | None]:
 
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[dict[str, str], str]]:
-    """`modelyard serve` on the embedded default, as `make run` starts it in another terminal."""
+    """`modelyard serve` on the embedded default, as `make run` starts it in another terminal (not its first time)."""
+    copy_migrated_database(tmp_path / "data")
     env = embedded_env(tmp_path / "data")
     port = free_port()
     log = (tmp_path / "serve.log").open("w")
@@ -145,8 +155,9 @@ def test_demo_without_a_server_says_how_to_start_one(tmp_path):
 
 def test_demo_counts_a_worker_offline_as_the_fleet_does(tmp_path):
     """A worker last seen 20 s ago is offline for the fleet (3 heartbeats of 5 s, at least 15 s): the demo agrees."""
+    copy_migrated_database(tmp_path / "data")
     env = embedded_env(tmp_path / "data")
-    run_demo(env, "http://127.0.0.1:8000")  # creates the database
+    run_demo(env, "http://127.0.0.1:8000")
     seen = (datetime.now(UTC) - timedelta(seconds=20)).strftime("%Y-%m-%d %H:%M:%S.%f")
     with database(tmp_path / "data") as db:
         db.execute(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from modelyard.processes import kill_group
+from tests.support import validation_memo
 from tests.support.forkserver import fork_server
 from tests.support.processes import free_port
 
@@ -67,7 +68,7 @@ class EmbeddedServer:
                     "warning",
                     *args,  # a later --log-level wins
                 ],
-                env=env,
+                env=validation_memo.in_servers(env),
                 cwd=cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -16,6 +16,7 @@ from urllib.parse import quote
 from django.conf import settings as django_settings
 
 from modelyard.processes import kill_group
+from tests.support import validation_memo
 from tests.support.polling import eventually
 
 
@@ -93,7 +94,12 @@ class ServeProcess:
             argv = ["ip", "netns", "exec", netns, *argv]
         with log_path.open("wb") as log:
             self.process = subprocess.Popen(
-                argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                argv,
+                env=validation_memo.in_servers(env),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
 
     @property

@@ -12,6 +12,10 @@ pytest-xdist's workers) makes a folder and names it in ``MODELYARD_TEST_VALIDATI
 inherit; a result validated by one worker is a file there (a pickle named by the key's sha256) that the
 others read instead of validating the same bytes again.
 
+The servers that tests start as processes of their own (``modelyard serve``) share it too: their
+environment names the folder, and ``PYTHONPATH`` a ``sitecustomize`` (``tests/support/memo_site/``) that
+puts the memo in front of validation at their start (:func:`in_servers`).
+
 Tests about validation itself opt out with ``@pytest.mark.real_validation`` (tests/conftest.py).
 """
 
@@ -26,6 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import onnxkit.validation
 from onnxkit.validation import ValidationResult, validate_in_child
 
 # Where ``registry.validation.job`` looks the function up: the one name the memo replaces.
@@ -53,6 +58,28 @@ def share_with_workers() -> Path | None:
 def stop_sharing(folder: Path) -> None:
     del os.environ[SHARED]
     shutil.rmtree(folder, ignore_errors=True)
+
+
+# The folder whose sitecustomize.py installs the memo in a server's process.
+SITE = Path(__file__).resolve().parent / "memo_site"
+
+
+def in_servers(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a server process that validates through this run's shared memo (when there is one).
+
+    The folder is named explicitly: the servers' environment otherwise holds no ``MODELYARD_`` variable.
+    """
+    folder = os.environ.get(SHARED)
+    if not folder:
+        return env
+    path = os.pathsep.join(part for part in (str(SITE), env.get("PYTHONPATH", "")) if part)
+    return {**env, SHARED: folder, "PYTHONPATH": path}
+
+
+def install_in_this_process() -> None:
+    """Validation in this process goes through the memo: ``registry.validation.job`` imports the name
+    from ``onnxkit.validation`` when it is first imported, after this."""
+    onnxkit.validation.validate_in_child = remembered_validate_in_child
 
 
 def _shared_file(key: tuple[Any, ...]) -> Path | None:
