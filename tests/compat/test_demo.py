@@ -8,15 +8,11 @@ start would find it. Each command's environment names the run's shared validatio
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -24,22 +20,15 @@ from pathlib import Path
 import pytest
 
 from tests.support import validation_memo
-from tests.support.embedded import copy_migrated_database
+from tests.support.embedded import EmbeddedServer, copy_migrated_database, embedded_env
 
 MODELYARD = str(Path(sys.executable).with_name("modelyard"))
 
 
-def embedded_env(data_dir: Path) -> dict[str, str]:
-    """No configuration at all, as on a laptop: SQLite and artifacts in the data folder, tasks in-process."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MODELYARD_") and k != "DJANGO_SETTINGS_MODULE"}
-    env["MODELYARD_DATA_DIR"] = str(data_dir)
-    return validation_memo.in_servers(env)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def demo_env(data_dir: Path) -> dict[str, str]:
+    """No configuration at all, as on a laptop (SQLite and artifacts in the data folder, tasks in-process),
+    validating through the run's shared memo."""
+    return validation_memo.in_servers(embedded_env(data_dir))
 
 
 def run_demo(env: dict[str, str], url: str) -> str:
@@ -70,37 +59,12 @@ def demo_state(data_dir: Path) -> tuple[list[tuple[int, int, str]], int | None]:
 def served(tmp_path: Path) -> Iterator[tuple[dict[str, str], str]]:
     """`modelyard serve` on the embedded default, as `make run` starts it in another terminal (not its first time)."""
     copy_migrated_database(tmp_path / "data")
-    env = embedded_env(tmp_path / "data")
-    port = free_port()
-    log = (tmp_path / "serve.log").open("w")
-    server = subprocess.Popen(
-        [MODELYARD, "serve", "--port", str(port), "--grpc-port", str(free_port()), "--log-level", "warning"],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=tmp_path,
-    )
-    url = f"http://127.0.0.1:{port}"
+    server = EmbeddedServer(embedded_env(tmp_path / "data"), tmp_path / "serve.log", cwd=tmp_path)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, (tmp_path / "serve.log").read_text()
-            assert time.monotonic() < deadline, "modelyard serve did not come up"
-            try:
-                with urllib.request.urlopen(f"{url}/v2/health/live", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                time.sleep(0.2)
-        yield env, url
+        server.wait_ready(timeout=60)
+        yield demo_env(tmp_path / "data"), server.url
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
+        server.stop()
 
 
 def test_demo_beside_a_running_server_prints_examples_that_work(served, tmp_path):
@@ -143,7 +107,7 @@ def test_demo_beside_a_running_server_prints_examples_that_work(served, tmp_path
 
 
 def test_demo_without_a_server_says_how_to_start_one(tmp_path):
-    env = embedded_env(tmp_path / "data")
+    env = demo_env(tmp_path / "data")
     out = run_demo(env, "http://127.0.0.1:8000")
     assert "No inference server is running: start one in another terminal with `make run`" in out
     assert "curl -s -X POST http://127.0.0.1:8000/v2/models/demo/infer -H 'Authorization: Bearer my_" in out
@@ -156,7 +120,7 @@ def test_demo_without_a_server_says_how_to_start_one(tmp_path):
 def test_demo_counts_a_worker_offline_as_the_fleet_does(tmp_path):
     """A worker last seen 20 s ago is offline for the fleet (3 heartbeats of 5 s, at least 15 s): the demo agrees."""
     copy_migrated_database(tmp_path / "data")
-    env = embedded_env(tmp_path / "data")
+    env = demo_env(tmp_path / "data")
     run_demo(env, "http://127.0.0.1:8000")
     seen = (datetime.now(UTC) - timedelta(seconds=20)).strftime("%Y-%m-%d %H:%M:%S.%f")
     with database(tmp_path / "data") as db:
