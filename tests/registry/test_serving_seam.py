@@ -124,8 +124,9 @@ def test_online_means_three_heartbeats_and_at_least_15_seconds(settings, heartbe
     assert serving.offline_after() == timedelta(seconds=online_for)
     for worker_id in ("fresh", "stale"):
         serving.worker_heartbeat(report(worker_id))
-    seen_ago("fresh", online_for - 1)
-    seen_ago("stale", online_for + 1)
+    # 5 s either side of the line: a loaded machine can pause this test for seconds between two statements.
+    seen_ago("fresh", online_for - 5)
+    seen_ago("stale", online_for + 5)
     assert [(w.worker_id, w.online) for w in serving.fleet_list()] == [("fresh", True), ("stale", False)]
     assert [w.worker_id for w in serving.fleet_list(online_only=True)] == ["fresh"]
 
@@ -134,8 +135,8 @@ def test_the_fleet_api_and_page_use_the_one_definition_of_online(owner, settings
     settings.FLEET_HEARTBEAT_SECONDS = 5.0  # offline after 15 s
     for worker_id in ("fresh", "stale"):
         serving.worker_heartbeat(report(worker_id, ready(1, PRODUCTION)))
-    seen_ago("fresh", 14)
-    seen_ago("stale", 20)
+    seen_ago("fresh", 8)  # 7 s inside the line: the two requests below may wait seconds on a loaded machine
+    seen_ago("stale", 25)
     workers = owner.get("/api/v1/fleet").json()
     assert [(w["worker_id"], w["online"]) for w in workers] == [("fresh", True), ("stale", False)]
     assert workers[0]["loaded"] == [ready(1, PRODUCTION).as_json()]
