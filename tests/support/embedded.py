@@ -155,12 +155,18 @@ def copy_migrated_database(data_dir: Path) -> None:
     target.close()
 
 
+# What a live server's CPU benchmark of each served version measures: as many runs and seconds as the tiny
+# models here need for a real figure (tests/inference/test_benchmarks.py uses the same). The defaults, 200 runs
+# and 3 s per batch size, made each benchmark take 6-7 s of a core in the background of the commands' tests.
+SHORT_BENCHMARKS = {"MODELYARD_BENCHMARK_ITERATIONS": "20", "MODELYARD_BENCHMARK_SECONDS": "0.05"}
+
+
 def start_live_server(folder: Path, **settings: str) -> LiveServer:
     """``modelyard serve`` on a data folder in ``folder`` holding only a migrated database (:func:`migrated_database`),
-    with ``settings`` in its environment."""
+    with short benchmarks (:data:`SHORT_BENCHMARKS`) and ``settings`` in its environment."""
     folder.mkdir(parents=True, exist_ok=True)
     copy_migrated_database(folder / "data")
-    env = embedded_env(folder / "data", folder / "home", MODELYARD_PROVIDERS="cpu", **settings)
+    env = embedded_env(folder / "data", folder / "home", MODELYARD_PROVIDERS="cpu", **{**SHORT_BENCHMARKS, **settings})
     server = EmbeddedServer(env, folder / "serve.log", cwd=folder)
     try:
         server.wait_ready()
