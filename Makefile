@@ -130,4 +130,4 @@ docs-build: $(DOCS_DEPS)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d build/site
 
 clean:
-	rm -rf $(VENV) .modelyard .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .modelyard .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -417,7 +417,13 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     # A text field that refuses "" says so (minLength 1), so a client knows which empty fields it may send.
-    "ENFORCE_NON_BLANK_FIELDS": True,
+    # Only in requests: each body has its own component (ModelRequest beside Model), since an answer's text
+    # may well be "" (a worker's notice, a webhook's model).
+    "COMPONENT_SPLIT_REQUEST": True,
+    # The two kinds of job share one set of states, and so one name.
+    "ENUM_NAME_OVERRIDES": {"JobStatusEnum": "registry.models.JobStatus"},
+    # Every operation's error answers, in the one shape they all have (registry/api/schema.py).
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "registry.api.schema.document_errors"],
     # How a client signs in (registry/api/schema.py); AddressCount takes no credentials, so it is left out.
     "AUTHENTICATION_WHITELIST": [
         "registry.access.auth.BearerTokenAuthentication",

@@ -157,10 +157,23 @@ class ChunkPipe:
     def abort(self) -> None:
         self._aborted.set()
 
+    def release(self) -> None:
+        """The reader stopped for good (its request was refused): wake a writer blocked on the full queue
+        or in :meth:`wait_done` now, instead of at its next poll, so that the refusal goes out at once.
+        With the abort set, the writer's next step raises :class:`_Aborted`."""
+        self.done.set()
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                return
+
     def wait_done(self) -> None:
         while not self.done.wait(POLL_SECONDS):
             if self._aborted.is_set():
                 raise _Aborted("upload aborted")
+        if self._aborted.is_set():  # released: the reader stopped without reading to the end
+            raise _Aborted("upload aborted")
 
     def read(self, n: int = -1) -> bytes:
         """Up to ``n`` bytes (all, if negative), fewer only at the end.
@@ -267,6 +280,7 @@ class MultipartUpload:
         self._aborted = threading.Event()
         self._parts: queue.SimpleQueue[tuple[str, ChunkPipe] | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
+        self._pipe: ChunkPipe | None = None  # the file part in flight
         # Named upload-*, as the storage writers it replaces were: tests check that none outlives its request.
         self._thread = threading.Thread(target=self._parse, name=f"upload-{request.path}", daemon=True)
         django_request = getattr(request, "_request", request)
@@ -280,6 +294,8 @@ class MultipartUpload:
     ) -> None:
         if exc is not None:
             self._aborted.set()  # the parser stops at its next chunk
+            if self._pipe is not None:
+                self._pipe.release()  # at once, if it waits for room in the pipe
         self._join()
         if exc is not None and self._error is not None and self._error is not exc:
             # The body could not be read (too large, a client that stalled or left): that is the answer,
@@ -307,7 +323,7 @@ class MultipartUpload:
         return UploadFields(description=post.get("description", ""), metadata=post.get("metadata"), lineage=lineage)
 
     def _offer(self, name: str) -> ChunkPipe:
-        pipe = ChunkPipe(self._aborted)
+        pipe = self._pipe = ChunkPipe(self._aborted)
         self._parts.put((name, pipe))
         return pipe
 
@@ -392,6 +408,7 @@ class MultipartInput:
         self._started: queue.SimpleQueue[tuple[str, ChunkPipe] | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._parser: MultiPartParser | None = None
+        self._pipe: ChunkPipe | None = None
         self._before: QueryDict = QueryDict(mutable=True)
         self._post: QueryDict | None = None
         self._thread = threading.Thread(target=self._parse, name=f"upload-{self._request.path}", daemon=True)
@@ -405,6 +422,8 @@ class MultipartInput:
     ) -> None:
         # Whatever the answer, the parser stops: a refusal before the input's end leaves the rest unread.
         self._aborted.set()
+        if self._pipe is not None:
+            self._pipe.release()  # at once, though the service never read the input (a missing field, say)
         self._join()
         if exc is not None and self._error is not None and self._error is not exc:
             raise self._error from None
@@ -423,7 +442,7 @@ class MultipartInput:
         return self._before, name, cast(BinaryIO, _InputStream(self, pipe))
 
     def _offer(self, name: str) -> ChunkPipe:
-        pipe = ChunkPipe(self._aborted)
+        pipe = self._pipe = ChunkPipe(self._aborted)
         assert self._parser is not None
         # The fields parsed so far: Django's parser keeps them on itself until it returns them all.
         self._before = self._parser._post.copy()  # type: ignore[attr-defined]

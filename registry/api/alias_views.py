@@ -18,7 +18,7 @@ from modelyard.error_body import error_body
 from registry import promotions, selectors, serving
 from registry.access.clients import actor_from_request
 from registry.access.scopes import model_scope_q, token_patterns
-from registry.api.serializers import FormListField
+from registry.api.serializers import FormListField, ReasonInput
 from registry.comparison import compare
 from registry.errors import InvalidInput
 from registry.models import Alias, AliasMove, PromotionKind, PromotionRequest, PromotionState, RegisteredModel
@@ -26,7 +26,8 @@ from registry.models import Alias, AliasMove, PromotionKind, PromotionRequest, P
 
 class AliasSerializer(serializers.ModelSerializer[Alias]):
     alias = serializers.CharField(source="name")
-    version = serializers.IntegerField(source="version.version", default=None)
+    # null for an alias made by a protected promotion that waits for its approval
+    version = serializers.IntegerField(source="version.version", default=None, allow_null=True)
     # Whether a version needs an uploader's signature to be set here, and by whom (empty: any trusted signer).
     trusted_signers = serializers.ListField(child=serializers.CharField())
     # The response cache: {"max_bytes", "ttl_seconds"}, or null when off.
@@ -53,10 +54,10 @@ class PromotionSerializer(serializers.ModelSerializer[PromotionRequest]):
     model = serializers.CharField(source="alias.model.name")
     alias = serializers.CharField(source="alias.name")
     # null for an unprotect request, which names no version
-    version = serializers.IntegerField(source="version.version", default=None)
-    base_version = serializers.IntegerField(source="base_version.version", default=None)
+    version = serializers.IntegerField(source="version.version", default=None, allow_null=True)
+    base_version = serializers.IntegerField(source="base_version.version", default=None, allow_null=True)
     requested_by = serializers.CharField(source="requested_by.username")
-    decided_by = serializers.CharField(source="decided_by.username", default=None)
+    decided_by = serializers.CharField(source="decided_by.username", default=None, allow_null=True)
     # "v7 against v5 (production): 1.9x throughput at batch 32 on ..., p99 -41%, cosine 0.9996, ..."
     comparison = serializers.SerializerMethodField()
     # The candidate's shadow report on this alias as it stood when the request was made (null if never shadowed)
@@ -97,10 +98,10 @@ class PromotionSerializer(serializers.ModelSerializer[PromotionRequest]):
 
 
 class MoveSerializer(serializers.ModelSerializer[AliasMove]):
-    from_version = serializers.IntegerField(source="from_version.version", default=None)
+    from_version = serializers.IntegerField(source="from_version.version", default=None, allow_null=True)
     to_version = serializers.IntegerField(source="to_version.version")
-    moved_by = serializers.CharField(source="moved_by.username", default=None)
-    promotion = serializers.IntegerField(source="promotion_id", default=None)
+    moved_by = serializers.CharField(source="moved_by.username", default=None, allow_null=True)
+    promotion = serializers.IntegerField(source="promotion_id", default=None, allow_null=True)
 
     class Meta:
         model = AliasMove
@@ -144,10 +145,6 @@ class AliasFlagsInput(serializers.Serializer[Any]):
 
 
 PROVENANCE_FIELDS = ("require_signature", "trusted_signers")
-
-
-class ReasonInput(serializers.Serializer[Any]):
-    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
 
 
 def _slug(value: str, what: str) -> str:

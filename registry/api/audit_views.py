@@ -28,6 +28,7 @@ from rest_framework.views import APIView
 
 from modelyard.auditfile import signed_head_record
 from registry.access.auth import has_role
+from registry.api.pagination import MAX_PAGE_SIZE, page_size
 from registry.api.responses import StreamingExportResponse
 from registry.audit.chain import audit_event_list
 from registry.audit.heads import audit_head_sign, audit_head_signature_list
@@ -127,12 +128,23 @@ class AuditEventSerializer(serializers.ModelSerializer[AuditEvent]):
         read_only_fields = fields
 
 
+class AuditPageSerializer(serializers.Serializer[Any]):
+    """A page of :class:`AuditPagination`: no count, which would be a COUNT over the whole log."""
+
+    next = serializers.URLField(allow_null=True, help_text="the next page, or null on the last")
+    previous = serializers.URLField(allow_null=True, help_text="the previous page, or null on the first")
+    results = AuditEventSerializer(many=True)
+
+
 class AuditPagination(CursorPagination):
     """Cursor pages over ``seq``: stable while new events arrive, and no COUNT over a huge table."""
 
     ordering = "-seq"
     page_size_query_param = "page_size"
-    max_page_size = 500
+    max_page_size = MAX_PAGE_SIZE
+
+    def get_page_size(self, request: Request) -> int | None:
+        return page_size(request, self.page_size)
 
     def get_ordering(self, request: Request, queryset: Any, view: Any) -> tuple[str, ...]:
         return (getattr(view, "audit_ordering", self.ordering),)
@@ -168,7 +180,8 @@ class AuditList(APIView):
             OpenApiParameter("page_size", int, description="events per page, at most 500"),
             OpenApiParameter("cursor", str, description="from a previous page's next or previous link"),
         ],
-        responses=AuditEventSerializer(many=True),
+        responses=AuditPageSerializer,
+        operation_id="v1_audit_list",  # a list, though its page is a serializer of its own
     )
     def get(self, request: Request) -> Response:
         filters = _validated(request, self.InputSerializer)

@@ -23,8 +23,8 @@ from registry.models import DeriveJob, VersionBenchmark
 class DeriveJobSerializer(serializers.ModelSerializer[DeriveJob]):
     model = serializers.CharField(source="source.model.name")
     source_version = serializers.IntegerField(source="source.version")
-    version = serializers.IntegerField(source="result.version", default=None)
-    requested_by = serializers.CharField(source="requested_by.username", default=None)
+    version = serializers.IntegerField(source="result.version", default=None, allow_null=True)
+    requested_by = serializers.CharField(source="requested_by.username", default=None, allow_null=True)
 
     class Meta:
         model = DeriveJob

@@ -65,7 +65,7 @@ class InferenceJobSerializer(serializers.ModelSerializer[InferenceJob]):
     model = serializers.CharField(source="model.name")
     version = serializers.IntegerField(source="version.version", help_text="fixed when the job was accepted")
     ref = serializers.CharField(help_text="the alias or version number asked for")
-    created_by = serializers.CharField(source="created_by.username", default=None)
+    created_by = serializers.CharField(source="created_by.username", default=None, allow_null=True)
     result = serializers.SerializerMethodField(help_text="where to download the result; null until it succeeded")
 
     class Meta:
@@ -306,8 +306,11 @@ class InferenceJobResult(APIView):
 
     @extend_schema(
         responses={
-            (200, "application/octet-stream"): OpenApiTypes.BINARY,
-            (200, "application/x-ndjson"): OpenApiTypes.BINARY,
+            (200, "application/zip"): OpenApiTypes.BINARY,  # an .npz (registry/jobs/formats.py's CONTENT_TYPES)
+            (200, "application/jsonl"): OpenApiTypes.BINARY,
+            410: OpenApiResponse(
+                description="the result was deleted (MODELYARD_INFERENCE_JOB_RESULT_TTL_SECONDS after the job ended)"
+            ),
         },
     )
     def get(self, request: Request, job_id: str) -> HttpResponseBase:

@@ -12,7 +12,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from registry.access.clients import actor_from_request
-from registry.api.serializers import FormListField
+from registry.api.serializers import FormListField, ReasonInput
 from registry.models import RegisteredModel, RolloutState
 from registry.rollout import services as rollouts
 
@@ -44,10 +44,6 @@ class RolloutInput(serializers.Serializer[Any]):
     force = serializers.BooleanField(
         required=False, default=False, help_text="past a breaking signature or the alias's policy, with a reason"
     )
-
-
-class ReasonInput(serializers.Serializer[Any]):
-    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
 
 
 class RolloutSideSerializer(serializers.Serializer[Any]):

@@ -21,7 +21,7 @@ from registry.models import (
 
 
 class ModelSerializer(serializers.ModelSerializer[RegisteredModel]):
-    created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
+    created_by = serializers.CharField(source="created_by.username", default=None, allow_null=True, read_only=True)
 
     class Meta:
         model = RegisteredModel
@@ -92,6 +92,12 @@ class TagsField(FormListField):
         return tags
 
 
+class ReasonInput(serializers.Serializer[Any]):
+    """The optional reason of an action on an alias or a rollout (a rollback, a pause), kept in its audit event."""
+
+    reason = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+
+
 class ModelCreateInput(serializers.Serializer[Any]):
     name = serializers.RegexField(
         NAME_PATTERN,
@@ -128,8 +134,10 @@ class FileSerializer(serializers.ModelSerializer[ModelFile]):
 class VersionSerializer(serializers.ModelSerializer[ModelVersion]):
     model = serializers.CharField(source="model.name", read_only=True)
     files = FileSerializer(many=True, read_only=True)
-    created_by = serializers.CharField(source="created_by.username", default=None, read_only=True)
-    derived_from = serializers.IntegerField(source="derived_from.version", default=None, read_only=True)
+    created_by = serializers.CharField(source="created_by.username", default=None, allow_null=True, read_only=True)
+    derived_from = serializers.IntegerField(
+        source="derived_from.version", default=None, allow_null=True, read_only=True
+    )
     batching = serializers.SerializerMethodField()
     lifecycle = serializers.SerializerMethodField()
 

@@ -34,8 +34,8 @@ class IsAdmin(BasePermission):
 
 
 class WebhookSerializer(serializers.ModelSerializer[Webhook]):
-    model = serializers.CharField(source="model.name", default=None)
-    created_by = serializers.CharField(source="created_by.username", default=None)
+    model = serializers.CharField(source="model.name", default=None, allow_null=True)
+    created_by = serializers.CharField(source="created_by.username", default=None, allow_null=True)
 
     class Meta:
         model = Webhook

@@ -21,7 +21,6 @@ the module through the API, and each test runs in a savepoint of it.
 from __future__ import annotations
 
 import io
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,11 +40,13 @@ from tests.support.openapi import (
     REQUIRED_ONLY,
     Body,
     Operation,
+    api_schema,
     body_kinds,
     operations,
     query_parameters,
     query_string,
     request_bodies,
+    response_problems,
 )
 from tests.support.required_world import HOOK_URL, MODEL, World, ok, session, use_world, world_for_module
 
@@ -658,23 +659,6 @@ CALLS: dict[str, Call] = {
 }
 
 
-# --- The schema, read once per test session as a client reads it ----------------------------------------
-
-_SCHEMA: dict[str, Any] = {}
-
-
-def api_schema() -> dict[str, Any]:
-    """What ``/api/schema/`` serves, made by its generator: the tests are collected before any database or
-    server exists (``test_the_schema_a_client_reads_is_the_one_the_tests_walk`` checks it is the same)."""
-    if not _SCHEMA:
-        from drf_spectacular.generators import SchemaGenerator
-        from drf_spectacular.renderers import OpenApiJsonRenderer
-
-        schema = SchemaGenerator().get_schema(request=None, public=True)
-        _SCHEMA.update(json.loads(OpenApiJsonRenderer().render(schema)))
-    return _SCHEMA
-
-
 EMPTY_QUERY = "optional query empty"
 
 
@@ -729,6 +713,8 @@ def test_operation_succeeds_with_only_its_required_fields(
         f"{operation.method.upper()} {path} with {body.fields if body else 'no body'}"
         f"{' as ' + body.label if body else ''}: {response.status_code} {response.content[:800]!r}"
     )
+    # The answer is what the schema says it is, field by field: a client generated from it can read it.
+    assert response_problems(api_schema(), operation, response) == [], f"{operation.method.upper()} {path}"
     if call.check is not None:
         answer = response.json() if response.get("Content-Type") == "application/json" else response
         call.check(world, body, answer)

@@ -79,6 +79,22 @@ def _form_value(value: Any) -> Any:
     return str(value)
 
 
+_SCHEMA: dict[str, Any] = {}
+
+
+def api_schema() -> dict[str, Any]:
+    """What ``/api/schema/`` serves, made by its generator once per test process: tests are collected
+    before any database or server exists (``test_the_schema_a_client_reads_is_the_one_the_tests_walk``
+    checks it is the same)."""
+    if not _SCHEMA:
+        from drf_spectacular.generators import SchemaGenerator
+        from drf_spectacular.renderers import OpenApiJsonRenderer
+
+        schema = SchemaGenerator().get_schema(request=None, public=True)
+        _SCHEMA.update(json.loads(OpenApiJsonRenderer().render(schema)))
+    return _SCHEMA
+
+
 def operations(schema: Mapping[str, Any]) -> Iterator[Operation]:
     for path, item in schema["paths"].items():
         for method in METHODS:
@@ -165,3 +181,50 @@ def query_string(operation: Operation, values: Mapping[str, Any], *, optional_em
     if optional_empty:
         pairs += [(name, "") for name in optional]
     return f"?{urlencode(pairs)}" if pairs else ""
+
+
+def response_schema(schema: Mapping[str, Any], operation: Operation, status: int, content_type: str) -> Any:
+    """The JSON Schema of the documented answer (``status``, ``content_type``), or None if it documents no body.
+
+    OpenAPI 3.0 is not quite JSON Schema: ``nullable: true`` becomes a ``null`` alternative, and
+    ``$ref`` to a component is followed where it stands (the components hold no cycles).
+    """
+    documented = operation.spec.get("responses", {}).get(str(status))
+    assert documented is not None, f"{operation.operation_id} does not document the status {status}"
+    media = documented.get("content", {}).get(content_type.split(";")[0].strip())
+    if media is None:
+        assert not documented.get("content"), (
+            f"{operation.operation_id} answered {status} as {content_type!r}; "
+            f"the schema documents {sorted(documented['content'])}"
+        )
+        return None
+    return _json_schema(schema, media.get("schema", {}))
+
+
+def _json_schema(schema: Mapping[str, Any], node: Any) -> Any:
+    if isinstance(node, list):
+        return [_json_schema(schema, item) for item in node]
+    if not isinstance(node, Mapping):
+        return node
+    if "$ref" in node:
+        return _json_schema(schema, resolve(schema, node))
+    converted = {key: _json_schema(schema, value) for key, value in node.items() if key != "nullable"}
+    if node.get("nullable"):
+        return {"anyOf": [converted, {"type": "null"}]}
+    return converted
+
+
+def response_problems(schema: Mapping[str, Any], operation: Operation, response: Any) -> list[str]:
+    """What in a Django test response contradicts the schema's description of it: its status, its content
+    type, and its JSON body against the documented schema. Empty when it agrees."""
+    import jsonschema
+
+    content_type = response.get("Content-Type", "")
+    expected = response_schema(schema, operation, response.status_code, content_type)
+    if expected is None or not content_type.startswith(JSON):
+        return []
+    validator = jsonschema.Draft7Validator(expected)
+    return [
+        f"{'/'.join(map(str, error.absolute_path)) or '(the body)'}: {error.message[:300]}"
+        for error in validator.iter_errors(json.loads(response.content))
+    ]

@@ -32,6 +32,7 @@ GROUPS: dict[str, str] = {
     "tests/client/": MODULE,
     "tests/e2e/": MODULE,
     "tests/registry/test_required_fields_api.py": MODULE,
+    "tests/registry/test_api_fuzz.py": MODULE,
     "tests/registry/test_required_fields_ui.py": MODULE,
 }
 
