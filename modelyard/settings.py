@@ -417,7 +417,7 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1",
     "SERVE_INCLUDE_SCHEMA": False,
     # A text field that refuses "" says so (minLength 1), so a client knows which empty fields it may send.
-    # Only in requests: each body has its own component (ModelRequest beside Model), since an answer's text
+    # Only in requests: each body has its own component (ModelCreateInputRequest), since an answer's text
     # may well be "" (a worker's notice, a webhook's model).
     "COMPONENT_SPLIT_REQUEST": True,
     # The two kinds of job share one set of states, and so one name.

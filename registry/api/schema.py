@@ -14,6 +14,7 @@ operation the refusals it may answer with, in their one shape (``modelyard.error
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -62,7 +63,7 @@ CHANGES = {
 def document_errors(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
     """drf-spectacular postprocessing hook: every operation documents the error answers it may give, all
     of them ``{"error": "...", "detail": ...}`` (``modelyard.error_body``), unless it documents them itself."""
-    result.setdefault("components", {}).setdefault("schemas", {})[ERROR_COMPONENT] = ERROR_SCHEMA
+    result.setdefault("components", {}).setdefault("schemas", {})[ERROR_COMPONENT] = copy.deepcopy(ERROR_SCHEMA)
     content = {"application/json": {"schema": {"$ref": f"#/components/schemas/{ERROR_COMPONENT}"}}}
     for item in result.get("paths", {}).values():
         for method, operation in item.items():
