@@ -57,6 +57,7 @@ CHANGES = {
     408: "The client stalled while sending the body (MODELYARD_BODY_IDLE_TIMEOUT_SECONDS)",
     409: "The change conflicts with the current state (a protected alias, a pending promotion, a name taken)",
     413: "The body is larger than its limit (MODELYARD_MAX_REQUEST_BODY_BYTES, MODELYARD_MAX_UPLOAD_BYTES)",
+    415: "The body's Content-Type is not one the operation takes (its requestBody lists them)",
 }
 
 
