@@ -78,29 +78,32 @@ def _objects(world: World, path: str) -> dict[str, Any]:
     return {name: value for name, value in known.items() if value is not None}
 
 
-@schema.parametrize()
-@settings(database=None, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-def test_answers_are_what_the_schema_documents(case: Any, world: World) -> None:
+def _send(case: Any, world: World) -> Any:
+    """Send the case as the world's admin, its path parameters pointing at the world's objects."""
     names = set(case.path_parameters or {})
-    case.path_parameters = {**(case.path_parameters or {}), **_objects(world, case.path)}
-    case.path_parameters = {name: value for name, value in case.path_parameters.items() if name in names}
-    token = world.people["root"].token
-    response = case.call(app=WSGI, headers={"Authorization": f"Bearer {token}"})
-    case.validate_response(response, checks=CHECKS)
+    aimed = {**(case.path_parameters or {}), **_objects(world, case.path)}
+    case.path_parameters = {name: value for name, value in aimed.items() if name in names}
+    return case.call(app=WSGI, headers={"Authorization": f"Bearer {world.people['root'].token}"})
+
+
+# The same requests every run (derandomize), no example database, and no deadline on a loaded machine.
+GENERATION = settings(database=None, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+
+
+@schema.parametrize()
+@GENERATION
+def test_answers_are_what_the_schema_documents(case: Any, world: World) -> None:
+    case.validate_response(_send(case, world), checks=CHECKS)
 
 
 # Requests the schema does not allow (a wrong type, a required field missing, a value out of range):
 # the answer is a documented refusal, never a server error.
 negative = schemathesis.openapi.from_dict(api_schema())
 negative.config.generation.update(modes=[GenerationMode.NEGATIVE], max_examples=NEGATIVE_EXAMPLES, deterministic=True)
+REFUSAL_CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance]
 
 
 @negative.parametrize()
-@settings(database=None, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@GENERATION
 def test_requests_the_schema_forbids_are_refused_as_documented(case: Any, world: World) -> None:
-    names = set(case.path_parameters or {})
-    case.path_parameters = {**(case.path_parameters or {}), **_objects(world, case.path)}
-    case.path_parameters = {name: value for name, value in case.path_parameters.items() if name in names}
-    token = world.people["root"].token
-    response = case.call(app=WSGI, headers={"Authorization": f"Bearer {token}"})
-    case.validate_response(response, checks=[not_a_server_error, status_code_conformance, content_type_conformance])
+    case.validate_response(_send(case, world), checks=REFUSAL_CHECKS)
