@@ -4,7 +4,9 @@ Binary tensors (and the raw binary request), model configuration, statistics, cl
 model repository's index and system shared memory (when turned on); ``inference/grpc/`` serves the
 same data plane over gRPC.
 
-A bare Starlette app over :class:`inference.dataplane.DataPlane`. Each endpoint decodes the HTTP
+A bare Starlette app over :class:`inference.dataplane.DataPlane`, behind one direct path: ``POST
+.../infer``, the request nearly every client sends, goes straight to its endpoint without the router and
+Starlette's middleware (:func:`infer_route`); everything else is routed. Each endpoint decodes the HTTP
 request, calls the data plane and encodes its answer; every refusal is a domain error of
 ``inference.errors``, turned into a status by its one table (``inference.errors.HTTP_STATUS``). An
 inference request is let in (or refused) by :meth:`DataPlane.admit` before its body is read, and
@@ -26,6 +28,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inference import metrics
 from inference.dataplane import OUT_OF_MEMORY, Admission, DataPlane
@@ -51,7 +54,7 @@ from inference.runtime import InferenceRuntime
 from modelyard import metrics as exposition
 from registry import serving
 
-__all__ = ["OUT_OF_MEMORY", "build_app", "error_response", "read_body"]
+__all__ = ["OUT_OF_MEMORY", "build_app", "error_response", "infer_route", "read_body"]
 
 logger = logging.getLogger(__name__)
 
@@ -125,9 +128,23 @@ async def _client_gone(request: Request) -> None:
 
 
 _MODEL_PREFIXES = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
+_MODELS, _INFER = "/v2/models/", "/infer"
 
 
-def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> Starlette:
+def infer_route(path: str) -> dict[str, str] | None:
+    """The path parameters of ``/v2/models/{model}[/versions/{version}]/infer``, as the router would give them;
+    None for any other path (a parameter is never empty and never holds a ``/``)."""
+    if not (path.startswith(_MODELS) and path.endswith(_INFER)):
+        return None
+    parts = path[len(_MODELS) : -len(_INFER)].split("/")
+    if len(parts) == 1 and parts[0]:
+        return {"model": parts[0]}
+    if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
+        return {"model": parts[0], "version": parts[2]}
+    return None
+
+
+def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> ASGIApp:
     plane = plane or DataPlane(runtime)
 
     # --- server --------------------------------------------------------------------------------
@@ -280,7 +297,7 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
     model_metadata = model_endpoint(plane.model_metadata)
     model_ready = model_endpoint(plane.model_ready)
     model_config = model_endpoint(plane.model_config)
-    # Inference first: Starlette tries the routes in turn, and this is the one nearly every request takes.
+    # POST .../infer never reaches the router (``app`` below): these routes answer its other methods, 405.
     routes = [Route(f"{prefix}/infer", infer, methods=["POST"]) for prefix in _MODEL_PREFIXES]
     routes += [
         Route("/v2", server_metadata),
@@ -308,9 +325,27 @@ def build_app(runtime: InferenceRuntime, *, plane: DataPlane | None = None) -> S
             Route(f"{prefix}/config", model_config),
             Route(f"{prefix}/stats", statistics),
         ]
-    app = Starlette(routes=routes, exception_handlers={404: _route_error, 405: _route_error})
+    routed = Starlette(routes=routes, exception_handlers={404: _route_error, 405: _route_error})
     # Routes have no trailing slash; a redirect would lose clients that do not follow it.
-    app.router.redirect_slashes = False
+    routed.router.redirect_slashes = False
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST .../infer`` straight to :func:`infer`; everything else (lifespan included) to the router.
+
+        The router and Starlette's two middlewares cost a single client's request about 0.04 ms of the event
+        loop (``docs/development/benchmarks.md``) and add nothing to it: :func:`infer` answers every domain
+        error itself, and an exception it does not expect reaches uvicorn, which logs it and answers 500 as
+        Starlette's error middleware would.
+        """
+        if scope["type"] == "http" and scope["method"] == "POST":
+            params = infer_route(scope["path"])
+            if params is not None:
+                scope["path_params"] = params
+                response = await infer(Request(scope, receive, send))
+                await response(scope, receive, send)
+                return
+        await routed(scope, receive, send)
+
     return app
 
 
