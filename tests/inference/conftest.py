@@ -14,10 +14,13 @@ from typing import Any
 import pytest
 from django.conf import settings as django_settings
 
-from registry.models import Role
+from registry.models import RegisteredModel, Role
 from tests.support.inference import AsgiLoop, BuildGate
+from tests.support.onnx_models import mlp_model
 from tests.support.people import Person, make_person
+from tests.support.polling import reconcile_until
 from tests.support.processes import ServeProcess, subprocess_database_url
+from tests.support.registry import create_model, promote
 from tests.support.servers import inference_env
 
 
@@ -70,6 +73,22 @@ def asgi_loop() -> Iterator[AsgiLoop]:
     loop = AsgiLoop()
     yield loop
     loop.close()
+
+
+@pytest.fixture
+def served_mlp(owner: Person, approver: Person, make_runtime: Any, asgi_loop: AsgiLoop, settings: Any) -> Any:
+    """(runtime, loaded): ``demo`` v1, :func:`mlp_model` (``x`` [N, 32] in, ``y`` [N, 8] out), uploaded and validated
+    through the API and promoted, loaded by an in-process runtime that runs on ``asgi_loop``; /v2 is public."""
+    settings.INFERENCE_PUBLIC = True
+    create_model(owner)
+    response = owner.upload("demo", [("model.onnx", mlp_model().SerializeToString())])
+    assert response.status_code == 201, response.content
+    RegisteredModel.objects.filter(name="demo").update(max_batch_size=4, max_queue_delay_us=0)
+    promote(owner, approver, 1)
+    runtime = make_runtime()
+    loaded = reconcile_until(runtime, lambda: runtime.router.resolve("demo"), what="v1 never loaded")
+    runtime.loop = asgi_loop.loop
+    return runtime, loaded
 
 
 # --- Real serve processes -------------------------------------------------------------------------------

@@ -17,10 +17,7 @@ from starlette.applications import Starlette
 from starlette.routing import Match, Route
 
 from inference.app import build_app, infer_route
-from registry.models import RegisteredModel
 from tests.support.onnx_models import mlp_model
-from tests.support.polling import reconcile_until
-from tests.support.registry import create_model, promote
 
 MODEL = mlp_model().SerializeToString()
 
@@ -72,22 +69,8 @@ def test_the_cases_are_both_taken_and_refused():
     assert 0 < len(taken) < len(PATHS)
 
 
-@pytest.fixture
-def served(owner, approver, make_runtime, asgi_loop, settings) -> Any:
-    settings.INFERENCE_PUBLIC = True
-    create_model(owner)
-    response = owner.upload("demo", [("model.onnx", MODEL)])
-    assert response.status_code == 201, response.content
-    RegisteredModel.objects.filter(name="demo").update(max_batch_size=4, max_queue_delay_us=0)
-    promote(owner, approver, 1)
-    runtime = make_runtime()
-    reconcile_until(runtime, lambda: runtime.router.resolve("demo"), what="v1 never loaded")
-    runtime.loop = asgi_loop.loop
-    return runtime
-
-
 @pytest.mark.django_db(transaction=True)
-def test_infer_answers_without_the_router_and_the_rest_is_routed(served, asgi_loop, monkeypatch):
+def test_infer_answers_without_the_router_and_the_rest_is_routed(served_mlp, asgi_loop, monkeypatch):
     routed: list[str] = []
     through_router = Starlette.__call__
 
@@ -96,7 +79,8 @@ def test_infer_answers_without_the_router_and_the_rest_is_routed(served, asgi_lo
         await through_router(self, scope, receive, send)
 
     monkeypatch.setattr(Starlette, "__call__", counting)
-    app = build_app(served)
+    runtime, _ = served_mlp
+    app = build_app(runtime)
     x = np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32)
     body = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 32], "data": x.ravel().tolist()}]}
     [expected] = ort.InferenceSession(MODEL, providers=["CPUExecutionProvider"]).run(None, {"x": x})

@@ -55,20 +55,6 @@ def chunk(fmt: str, rows: int, *, start: int = 0, outputs: tuple[str, ...] = (),
     )
 
 
-@pytest.fixture
-def served(owner, approver, make_runtime, asgi_loop, settings) -> tuple[Any, LoadedVersion]:
-    settings.INFERENCE_PUBLIC = True  # the /v2 app answers the references without a token
-    create_model(owner)
-    response = owner.upload("demo", [("model.onnx", MODEL)])
-    assert response.status_code == 201, response.content
-    RegisteredModel.objects.filter(name="demo").update(max_batch_size=4, max_queue_delay_us=0)
-    promote(owner, approver, 1)
-    runtime = make_runtime()
-    loaded = reconcile_until(runtime, lambda: runtime.router.resolve("demo"), what="v1 never loaded")
-    runtime.loop = asgi_loop.loop
-    return runtime, loaded
-
-
 class Slices:
     """Records the rows of every ONNX Runtime run of a loaded version."""
 
@@ -87,8 +73,8 @@ def run_chunk(loaded: LoadedVersion, loop: Any, job: JobChunk, data: bytes, rene
     return ChunkRun(job, loaded, loop, renew=renew or (lambda: None)).output(data)
 
 
-def test_an_npz_chunk_gives_each_rows_outputs_in_slices_of_the_largest_batch(served, asgi_loop, monkeypatch):
-    _, loaded = served
+def test_an_npz_chunk_gives_each_rows_outputs_in_slices_of_the_largest_batch(served_mlp, asgi_loop, monkeypatch):
+    _, loaded = served_mlp
     slices = Slices(loaded, monkeypatch)
     x = np.random.default_rng(5).standard_normal((10, 32)).astype(np.float32)
     out = run_chunk(loaded, asgi_loop.loop, chunk("npz", 10), npz(x=x))
@@ -100,8 +86,8 @@ def test_an_npz_chunk_gives_each_rows_outputs_in_slices_of_the_largest_batch(ser
     assert slices.rows == [4, 4, 2]  # max_batch_size rows at most: an online request waits for one slice at most
 
 
-def test_slices_are_as_small_as_the_slice_setting_asks(served, asgi_loop, monkeypatch, settings):
-    _, loaded = served
+def test_slices_are_as_small_as_the_slice_setting_asks(served_mlp, asgi_loop, monkeypatch, settings):
+    _, loaded = served_mlp
     settings.INFERENCE_JOB_SLICE_ROWS = 3
     slices = Slices(loaded, monkeypatch)
     x = np.random.default_rng(8).standard_normal((10, 32)).astype(np.float32)
@@ -117,8 +103,8 @@ def test_slices_are_as_small_as_the_slice_setting_asks(served, asgi_loop, monkey
     assert slices.rows == [4, 4, 2]
 
 
-def test_jsonl_lines_are_answered_with_the_body_v2_gives(served, asgi_loop):
-    runtime, loaded = served
+def test_jsonl_lines_are_answered_with_the_body_v2_gives(served_mlp, asgi_loop):
+    runtime, loaded = served_mlp
     rng = np.random.default_rng(6)
     bodies = []
     for index in range(5):
@@ -142,8 +128,8 @@ def test_jsonl_lines_are_answered_with_the_body_v2_gives(served, asgi_loop):
         assert json.loads(line) == answer
 
 
-def test_a_v2_request_answers_as_v2_does_and_a_refused_one_fails_with_v2s_message(served, asgi_loop):
-    runtime, loaded = served
+def test_a_v2_request_answers_as_v2_does_and_a_refused_one_fails_with_v2s_message(served_mlp, asgi_loop):
+    runtime, loaded = served_mlp
     app = build_app(runtime)
     x = np.ones((2, 32), np.float32)
     body = {"id": "r", "inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 32], "data": x.ravel().tolist()}]}
@@ -157,8 +143,8 @@ def test_a_v2_request_answers_as_v2_does_and_a_refused_one_fails_with_v2s_messag
     assert (failed.value.status, failed.value.message, failed.value.retry) == (status, refusal["error"], False)
 
 
-def test_a_bad_line_fails_the_job_naming_its_line(served, asgi_loop):
-    _, loaded = served
+def test_a_bad_line_fails_the_job_naming_its_line(served_mlp, asgi_loop):
+    _, loaded = served_mlp
     line = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 32], "data": [0.0] * 32}]}
     data = json.dumps(line).encode() + b"\nnot json\n"
     with pytest.raises(ChunkFailed, match=r"^line 8: the request is not valid JSON") as failed:
@@ -166,8 +152,8 @@ def test_a_bad_line_fails_the_job_naming_its_line(served, asgi_loop):
     assert failed.value.retry is False and failed.value.status == 400
 
 
-def test_npz_arrays_that_do_not_fit_the_model_are_refused_by_name(served, asgi_loop):
-    _, loaded = served
+def test_npz_arrays_that_do_not_fit_the_model_are_refused_by_name(served_mlp, asgi_loop):
+    _, loaded = served_mlp
     with pytest.raises(ChunkFailed, match=r"missing input.s. x; unknown input.s. z; the model takes x"):
         run_chunk(loaded, asgi_loop.loop, chunk("npz", 2), npz(z=np.ones((2, 32), np.float32)))
     with pytest.raises(ChunkFailed, match=r"unknown output.s. nope"):
@@ -176,8 +162,8 @@ def test_npz_arrays_that_do_not_fit_the_model_are_refused_by_name(served, asgi_l
         run_chunk(loaded, asgi_loop.loop, chunk("npz", 3), npz(x=np.ones((2, 32), np.float32)))
 
 
-def test_a_chunk_whose_job_no_longer_wants_it_stops_between_slices(served, asgi_loop, monkeypatch):
-    _, loaded = served
+def test_a_chunk_whose_job_no_longer_wants_it_stops_between_slices(served_mlp, asgi_loop, monkeypatch):
+    _, loaded = served_mlp
     slices = Slices(loaded, monkeypatch)
     calls = 0
 
@@ -245,10 +231,10 @@ def ask_async(person: Any, body: dict[str, Any]) -> Any:
     )
 
 
-def test_the_runner_answers_an_async_request_as_v2_and_a_refused_one_with_v2s_status(served, owner, asgi_loop):
+def test_the_runner_answers_an_async_request_as_v2_and_a_refused_one_with_v2s_status(served_mlp, owner, asgi_loop):
     from registry.jobs import services
 
-    runtime, _ = served
+    runtime, _ = served_mlp
     app = build_app(runtime)
     x = np.arange(64, dtype=np.float32).reshape(2, 32)
     good = {"id": "a", "inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 32], "data": x.ravel().tolist()}]}
@@ -266,8 +252,8 @@ def test_the_runner_answers_an_async_request_as_v2_and_a_refused_one_with_v2s_st
     assert (status, json.loads(body)["error"]) == (v2_status, v2_body["error"]) and status == 400
 
 
-def test_the_runner_takes_nothing_without_the_servers_loop(served, owner):
-    runtime, _ = served
+def test_the_runner_takes_nothing_without_the_servers_loop(served_mlp, owner):
+    runtime, _ = served_mlp
     runtime.loop = None
     job = ask_async(owner, {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 32], "data": [0.0] * 32}]})
     assert not runtime.jobs.run_next()
@@ -276,9 +262,9 @@ def test_the_runner_takes_nothing_without_the_servers_loop(served, owner):
 
 
 @pytest.fixture
-def served_from_s3(s3_settings, served) -> tuple[Any, LoadedVersion]:
-    """``served`` with the artifact store in an S3 bucket (moto's server): the version, the chunks, the answers."""
-    return served
+def served_from_s3(s3_settings, served_mlp) -> tuple[Any, LoadedVersion]:
+    """``served_mlp`` with the artifact store in an S3 bucket (moto's server): the version, the chunks, the answers."""
+    return served_mlp
 
 
 def test_the_runner_reads_and_writes_its_chunks_in_an_s3_store(served_from_s3, owner):
