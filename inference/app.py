@@ -27,7 +27,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, compile_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inference import metrics
@@ -128,19 +128,17 @@ async def _client_gone(request: Request) -> None:
 
 
 _MODEL_PREFIXES = ("/v2/models/{model}", "/v2/models/{model}/versions/{version}")
-_MODELS, _INFER = "/v2/models/", "/infer"
+# The infer routes' own patterns, compiled as Starlette compiles the routes below (string parameters).
+_INFER_PATTERNS = tuple(compile_path(f"{prefix}/infer")[0] for prefix in _MODEL_PREFIXES)
 
 
 def infer_route(path: str) -> dict[str, str] | None:
     """The path parameters of ``/v2/models/{model}[/versions/{version}]/infer``, as the router would give them;
-    None for any other path (a parameter is never empty and never holds a ``/``)."""
-    if not (path.startswith(_MODELS) and path.endswith(_INFER)):
-        return None
-    parts = path[len(_MODELS) : -len(_INFER)].split("/")
-    if len(parts) == 1 and parts[0]:
-        return {"model": parts[0]}
-    if len(parts) == 3 and parts[1] == "versions" and parts[0] and parts[2]:
-        return {"model": parts[0], "version": parts[2]}
+    None for any other path."""
+    for pattern in _INFER_PATTERNS:
+        match = pattern.match(path)
+        if match is not None:
+            return match.groupdict()
     return None
 
 
