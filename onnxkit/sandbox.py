@@ -40,7 +40,9 @@ _STDERR_TAIL_BYTES = 4096
 # The CPU-time limit is only a backstop for a child whose parent is gone; the wall clock comes first.
 _CPU_GRACE_SECONDS = 10
 
-_CHILD_CODE = "import sys; sys.path.insert(0, sys.argv[1]); from onnxkit.sandbox import child_main; child_main()"
+_CHILD_CODE = (
+    "import json, sys; sys.path[0:0] = json.loads(sys.argv[1]); from onnxkit.sandbox import child_main; child_main()"
+)
 
 # How libraries say that an allocation failed. Inside the child this is its memory limit being hit,
 # and is reported as such rather than as a defect of the model.
@@ -170,10 +172,14 @@ def run_in_child(entry: str, request: dict[str, Any], limits: ChildLimits) -> Ch
 
 def _child_argv(entry: str) -> list[str]:
     # -E ignores PYTHON* variables, -s the user's site folder, and -P keeps the working directory
-    # off sys.path; the project root is put on it explicitly, and nothing else. The entry is read from
-    # stdin; it is on the command line too, so that ``ps`` tells the children apart.
+    # off sys.path. The child's import path is then put back explicitly: the project root, then the
+    # parent's own sys.path, so that the child imports the same packages as the server that started it,
+    # also where those come from PYTHONPATH (a `pip install --target` folder, such as an ONNX Runtime GPU
+    # build laid over an image's CPU one), which -E would otherwise drop. The entry is read from stdin; it
+    # is on the command line too, so that ``ps`` tells the children apart.
     project_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return [sys.executable, "-E", "-s", "-P", "-c", _CHILD_CODE, project_root, entry]
+    path = [project_root, *(folder for folder in sys.path if folder)]
+    return [sys.executable, "-E", "-s", "-P", "-c", _CHILD_CODE, json.dumps(path), entry]
 
 
 def _child_env(limits: ChildLimits) -> dict[str, str]:
