@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -73,3 +75,43 @@ def test_the_h200_driver_runs_every_step_on_the_cpu(tmp_path):
     ]
     assert result["setup"]["instances"] == [1, 2]
     assert all(run["requests"] > 0 for run in served["runs"])
+
+
+def test_a_pack_split_in_two_is_joined_and_unpacked_across_the_two_calls(tmp_path):
+    """``pack.sh split`` here, ``run.sh unpack`` (call 1), then ``run.sh`` (call 2) joining the parts into SITE."""
+    checkout = tmp_path / "checkout"
+    (checkout / "bench").mkdir(parents=True)
+    shutil.copytree(ROOT / "bench" / "gpu", checkout / "bench" / "gpu")
+    payload = np.random.default_rng(1).integers(0, 256, size=300_000, dtype=np.uint8).tobytes()  # incompressible
+    tree = tmp_path / "tree"
+    (tree / "onnxruntime").mkdir(parents=True)
+    (tree / "onnxruntime" / "__init__.py").write_text("__version__ = 'packed'\n")
+    (tree / "onnxruntime" / "payload.bin").write_bytes(payload)
+    (checkout / ".gpu").mkdir()
+    with tarfile.open(checkout / ".gpu" / "ort-gpu-sm90.tar.xz", "w:xz") as pack:
+        pack.add(tree / "onnxruntime", arcname="onnxruntime")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MODELYARD_", "DJANGO_"))}
+    env |= {"SPLIT_AT": "200000", "PARTS": str(tmp_path / "parts"), "SITE": str(tmp_path / "site")}
+    env |= {"PYTHON": sys.executable, "EXPORT_PYTHON": "false", "NVIDIA_DIR": "", "OUT": str(tmp_path / "out")}
+
+    def sh(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", *args], cwd=checkout, env=env, capture_output=True, text=True, timeout=120)
+
+    assert sh("bench/gpu/pack.sh", "split").returncode == 0
+    assert not (checkout / ".gpu" / "ort-gpu-sm90.tar.xz").exists()
+    part_a = checkout / ".gpu" / "ort-gpu-sm90.tar.xz.part-a"
+    part_b = checkout / ".gpu-wheels" / "ort-gpu-sm90.tar.xz.part-b"
+    assert part_a.stat().st_size == 200_000 and part_b.stat().st_size > 100_000
+
+    # Call 1 carries only .gpu: part a waits in PARTS, nothing is unpacked yet.
+    part_b.rename(tmp_path / "part-b")
+    assert sh("bench/gpu/run.sh", "unpack").returncode == 0
+    assert not (tmp_path / "site").exists()
+    # Call 2 carries .gpu-wheels: the parts are joined and unpacked, then the run goes on to the export,
+    # which this test's EXPORT_PYTHON (`false`) stops.
+    (tmp_path / "part-b").rename(part_b)
+    shutil.rmtree(checkout / ".gpu")
+    done = sh("bench/gpu/run.sh")
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert (tmp_path / "site" / "onnxruntime" / "payload.bin").read_bytes() == payload
+    assert (tmp_path / "site" / "onnxruntime" / "__init__.py").read_text() == "__version__ = 'packed'\n"

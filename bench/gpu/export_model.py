@@ -1,4 +1,4 @@
-"""Export a BERT-shaped sentence encoder to ONNX with torch, as ``../shared/gpu/baseline.py`` does on the H200.
+"""Export a BERT-shaped sentence encoder to ONNX with torch, for the H200 run (``bench/gpu/run.sh``).
 
     python bench/gpu/export_model.py OUT.onnx [--preset minilm|tiny]
 

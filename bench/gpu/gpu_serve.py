@@ -196,7 +196,9 @@ def server_env(data_dir: Path, device: str) -> dict[str, str]:
 
 def create_token(env: dict[str, str], username: str, role: str) -> str:
     command = [sys.executable, "-m", "modelyard.cli", "createtoken", username, "--create-user", "--role", role]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:  # the device call brings back only --out: say why, not just the status
+        raise RuntimeError(f"createtoken exited with {done.returncode}: {(done.stdout + done.stderr)[-2000:]}")
     return done.stdout.strip().splitlines()[-1]
 
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The H200 run, in two device calls (../shared/gpu/README.md says why two: 64 MiB per call).
+# The H200 run, in two device calls, since one call carries at most 64 MiB with the checkout.
 #
-#   here, once:   ../shared/gpu/prepare.sh ort
-#                 ../shared/gpu/prepare.sh wheels $(grep -v '^#' bench/gpu/wheels.txt)
+#   here, once:   .gpu/ort-gpu-sm90.tar.xz, onnxruntime-gpu cut to the card's kernels (bench/gpu/README.md)
+#                 bash bench/gpu/pack.sh wheels                 -> .gpu-wheels/*.whl
+#                 bash bench/gpu/pack.sh split                  (only if the pack and the checkout pass 64 MiB)
 #   call 1:       bash bench/gpu/run.sh unpack          (carry .gpu)         -> ONNX Runtime GPU in /tmp/site
 #   call 2:       bash bench/gpu/run.sh                 (carry .gpu-wheels)  -> $OUT/gpu-serve.json
 #   rehearsal:    bash bench/gpu/run.sh --cpu-dry-run   (this machine: the same steps, CPU provider, tiny model)
@@ -28,11 +29,26 @@ EXPORT_PYTHON=${EXPORT_PYTHON:-$PYTHON}   # a python with torch and transformers
 site_given=${SITE+x}
 SITE=${SITE:-/tmp/site}
 
-if [ "$mode" = unpack ]; then
+# A pack split in two (`bench/gpu/pack.sh split`): call 1 keeps .gpu's part a in $PARTS, call 2 brings
+# part b in .gpu-wheels, and the two are joined and unpacked there.
+PARTS=${PARTS:-/tmp/ort-pack-parts}
+unpack_pack() {  # the whole pack on stdin -> $SITE
   mkdir -p "$SITE"
-  "$PYTHON" -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" .gpu/ort-gpu-sm90.tar.xz "$SITE"
-  ls "$SITE"
+  "$PYTHON" -c "import sys, tarfile; tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall(sys.argv[1])" "$SITE"
+}
+if [ "$mode" = unpack ]; then
+  if [ -f .gpu/ort-gpu-sm90.tar.xz ]; then
+    unpack_pack < .gpu/ort-gpu-sm90.tar.xz
+    ls "$SITE"
+  else
+    mkdir -p "$PARTS" && cp .gpu/ort-gpu-sm90.tar.xz.part-* "$PARTS"/
+    ls -l "$PARTS"
+  fi
   exit 0
+fi
+if [ "$mode" = cuda ] && [ ! -d "$SITE/onnxruntime" ] && compgen -G ".gpu-wheels/*.part-*" >/dev/null; then
+  cp .gpu-wheels/ort-gpu-sm90.tar.xz.part-* "$PARTS"/
+  cat "$PARTS"/ort-gpu-sm90.tar.xz.part-* | unpack_pack
 fi
 
 OUT=${OUT:-$root/bench/results}
@@ -44,7 +60,7 @@ trap 'rm -rf "$work"' EXIT
 # unless SITE is set (then it rehearses the device's layout too).
 if [ "$mode" = cuda ] || [ -n "$site_given" ]; then
   [ -d "$SITE/onnxruntime" ] || { echo "no ONNX Runtime in $SITE: run 'bash bench/gpu/run.sh unpack' first (call 1)" >&2; exit 2; }
-  if compgen -G ".gpu-wheels/*.whl" >/dev/null; then
+  if compgen -G ".gpu-wheels/*.whl" >/dev/null; then  # the part of a split pack is no wheel: *.whl only
     "$PYTHON" -m pip install -q --no-index --no-deps --upgrade --target "$SITE" .gpu-wheels/*.whl
   fi
   pythonpath="$SITE:$root"
