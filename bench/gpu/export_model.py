@@ -30,7 +30,7 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 
 
-def export(out: Path, preset: str) -> dict[str, Any]:
+def export(out: Path, preset: str, fixed: tuple[int, int] | None = None) -> dict[str, Any]:
     import torch
     from transformers import BertConfig, BertModel
 
@@ -48,9 +48,15 @@ def export(out: Path, preset: str) -> dict[str, Any]:
     torch.manual_seed(0)
     config = BertConfig(**PRESETS[preset])
     model = Embed(BertModel(config, add_pooling_layer=False).eval())
-    ids = torch.randint(100, 1000, (2, 16))
-    mask = torch.ones(2, 16, dtype=torch.int64)
-    mask[1, 8:] = 0
+    batch, seq = fixed or (2, 16)
+    ids = torch.randint(100, 1000, (batch, seq))
+    mask = torch.ones(batch, seq, dtype=torch.int64)
+    mask[-1, seq // 2 :] = 0
+    dynamic = {
+        "input_ids": {0: "batch", 1: "seq"},
+        "attention_mask": {0: "batch", 1: "seq"},
+        "sentence_embedding": {0: "batch"},
+    }
     started = time.perf_counter()
     with torch.no_grad():
         torch.onnx.export(
@@ -59,17 +65,14 @@ def export(out: Path, preset: str) -> dict[str, Any]:
             str(out),
             input_names=["input_ids", "attention_mask"],
             output_names=["sentence_embedding"],
-            dynamic_axes={
-                "input_ids": {0: "batch", 1: "seq"},
-                "attention_mask": {0: "batch", 1: "seq"},
-                "sentence_embedding": {0: "batch"},
-            },
+            dynamic_axes=None if fixed else dynamic,
             opset_version=17,
             dynamo=False,
         )
     return {
         "preset": preset,
         "config": PRESETS[preset],
+        "fixed_shape": list(fixed) if fixed else None,
         "bytes": out.stat().st_size,
         "export_s": round(time.perf_counter() - started, 2),
         "torch": torch.__version__,
@@ -80,8 +83,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--preset", choices=sorted(PRESETS), default="minilm")
+    parser.add_argument(
+        "--fixed",
+        metavar="BATCH,SEQ",
+        help="every shape fixed (no dynamic axes), as CUDA graphs need: e.g. 1,32 for batch-1 requests of 32 tokens",
+    )
     args = parser.parse_args()
-    info = export(args.out, args.preset)
+    fixed = tuple(int(n) for n in args.fixed.split(",")) if args.fixed else None
+    if fixed is not None and len(fixed) != 2:
+        parser.error("--fixed takes BATCH,SEQ")
+    info = export(args.out, args.preset, fixed)  # type: ignore[arg-type]
     args.out.with_suffix(".json").write_text(json.dumps(info, indent=1) + "\n")
     print(f"exported {args.preset} ({info['bytes'] / 1e6:.1f} MB) to {args.out} in {info['export_s']} s", flush=True)
 

@@ -81,7 +81,8 @@ else
   bench_args=(--device cpu --workers 1,2 --clients 4,16 --duration 2 --warmup 1 --raw-seconds 1 --load-processes 2)
 fi
 # The export runs on the image's own packages: the wheels in $SITE are not on its path.
-"$EXPORT_PYTHON" bench/gpu/export_model.py "$work/model.onnx" --preset "$preset"
+# EXPORT_ARGS go to the export: EXPORT_ARGS='--fixed 1,32' for a model of fixed shapes (CUDA graphs).
+"$EXPORT_PYTHON" bench/gpu/export_model.py "$work/model.onnx" --preset "$preset" ${EXPORT_ARGS:-}
 name=$([ "$mode" = cuda ] && echo gpu-serve || echo gpu-serve-cpu-dry-run)
 PYTHONPATH="$pythonpath${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" bench/gpu/gpu_serve.py \
   --model "$work/model.onnx" --out "$OUT/$name.json" "${bench_args[@]}" "$@"
