@@ -89,10 +89,14 @@ def main() -> None:
         help="every shape fixed (no dynamic axes), as CUDA graphs need: e.g. 1,32 for batch-1 requests of 32 tokens",
     )
     args = parser.parse_args()
-    fixed = tuple(int(n) for n in args.fixed.split(",")) if args.fixed else None
-    if fixed is not None and len(fixed) != 2:
-        parser.error("--fixed takes BATCH,SEQ")
-    info = export(args.out, args.preset, fixed)  # type: ignore[arg-type]
+    fixed: tuple[int, int] | None = None
+    if args.fixed:
+        try:
+            batch, seq = (int(n) for n in args.fixed.split(","))
+        except ValueError:
+            parser.error("--fixed takes BATCH,SEQ, two whole numbers")
+        fixed = (batch, seq)
+    info = export(args.out, args.preset, fixed)
     args.out.with_suffix(".json").write_text(json.dumps(info, indent=1) + "\n")
     print(f"exported {args.preset} ({info['bytes'] / 1e6:.1f} MB) to {args.out} in {info['export_s']} s", flush=True)
 
