@@ -172,13 +172,15 @@ def run_in_child(entry: str, request: dict[str, Any], limits: ChildLimits) -> Ch
 
 def _child_argv(entry: str) -> list[str]:
     # -E ignores PYTHON* variables, -s the user's site folder, and -P keeps the working directory
-    # off sys.path. The child's import path is then put back explicitly: the project root, then the
-    # parent's own sys.path, so that the child imports the same packages as the server that started it,
-    # also where those come from PYTHONPATH (a `pip install --target` folder, such as an ONNX Runtime GPU
-    # build laid over an image's CPU one), which -E would otherwise drop. The entry is read from stdin; it
-    # is on the command line too, so that ``ps`` tells the children apart.
+    # off sys.path. The folders the child imports from are then named explicitly: the project root,
+    # then the parent's PYTHONPATH folders (as paths, not as the variable), so that the child imports
+    # the same packages as the server that started it, also where those come from a PYTHONPATH folder
+    # (a `pip install --target` folder, such as an ONNX Runtime GPU build laid over an image's CPU
+    # one). The entry is read from stdin; it is on the command line too, so that ``ps`` tells the
+    # children apart.
     project_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = [project_root, *(folder for folder in sys.path if folder)]
+    inherited = [os.path.abspath(folder) for folder in os.environ.get("PYTHONPATH", "").split(os.pathsep) if folder]
+    path = [project_root, *inherited]
     return [sys.executable, "-E", "-s", "-P", "-c", _CHILD_CODE, json.dumps(path), entry]
 
 

@@ -1,9 +1,9 @@
-"""The sandboxed child (``onnxkit/sandbox.py``) imports what its parent imports, PYTHONPATH included.
+"""The sandboxed child (``onnxkit/sandbox.py``) imports from its parent's PYTHONPATH folders.
 
 The child starts with ``python -E``, which drops ``PYTHONPATH``. A server whose packages come from a
 ``PYTHONPATH`` folder (a ``pip install --target`` folder, such as an ONNX Runtime GPU build laid over an
 image's CPU one) must still validate, derive and benchmark with those same packages, so the child is
-given the parent's import path explicitly, and still none of its environment.
+given those folders explicitly, after the project root, and still none of the environment.
 """
 
 from __future__ import annotations
@@ -62,11 +62,11 @@ def test_a_module_only_on_the_parents_pythonpath_is_imported_by_the_child(tmp_pa
 
 
 def test_the_project_root_comes_first_on_the_childs_path(tmp_path, monkeypatch):
-    # A folder on the parent's path that holds a module named like one of the project's must not shadow it.
+    # A PYTHONPATH folder that holds a package named like one of the project's must not shadow it.
     shadow = tmp_path / "shadow"
     (shadow / "onnxkit").mkdir(parents=True)
     (shadow / "onnxkit" / "__init__.py").write_text("raise ImportError('the shadowing onnxkit was imported')\n")
-    monkeypatch.syspath_prepend(str(shadow))
+    monkeypatch.setenv("PYTHONPATH", str(shadow))
     outcome = run_in_child("os.path:basename", {}, LIMITS)  # any entry: the child must start at all
     # basename({}) raises inside the function, after the child imported onnxkit.sandbox from the project.
     assert outcome.reply is None
@@ -74,3 +74,14 @@ def test_the_project_root_comes_first_on_the_childs_path(tmp_path, monkeypatch):
     assert outcome.failure.step == ""
     assert "the shadowing onnxkit" not in outcome.error
     assert outcome.error.startswith("the probe failed while starting: TypeError")
+
+
+def test_a_folder_only_on_the_parents_sys_path_is_not_the_childs(tmp_path, monkeypatch):
+    # What the parent put on sys.path at run time (its working directory, say) stays the parent's.
+    (tmp_path / "modelyard_probe_only_here.py").write_text("def where(request, on_step):\n    return {}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    outcome = run_in_child("modelyard_probe_only_here:where", {}, LIMITS)
+    assert outcome.error == (
+        "the probe failed while starting: ModuleNotFoundError: No module named 'modelyard_probe_only_here'"
+    )
