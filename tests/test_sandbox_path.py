@@ -27,7 +27,6 @@ LIMITS = ChildLimits(
 )
 
 PROBE = """
-import json
 import os
 
 
