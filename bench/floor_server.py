@@ -60,19 +60,29 @@ def build(model_path: str, threads: int) -> Any:
         if scope["path"].endswith("/echo"):  # the transport alone: the last answer again, nothing decoded or run
             await respond(send, 200, last[0])
             return
-        request = orjson.loads(b"".join(chunks))
-        feeds = {
-            t["name"]: np.asarray(t["data"], dtype=DTYPES[t["datatype"]]).reshape(t["shape"]) for t in request["inputs"]
-        }
+        feeds = decode_json(b"".join(chunks))
         values = await asyncio.get_running_loop().run_in_executor(worker, session.run, None, feeds)
-        outputs = [
-            {"name": name, "datatype": PROTOCOL[value.dtype], "shape": list(value.shape), "data": value.ravel()}
-            for name, value in zip(names, values, strict=True)
-        ]
-        last[0] = orjson.dumps({"outputs": outputs}, option=orjson.OPT_SERIALIZE_NUMPY)
+        last[0] = encode_json(names, values)
         await respond(send, 200, last[0])
 
     return app
+
+
+def decode_json(body: bytes) -> dict[str, np.ndarray]:
+    """The request's input tensors (named, so that ``bench/single_profile.py`` finds this step in a profile)."""
+    request = orjson.loads(body)
+    return {
+        t["name"]: np.asarray(t["data"], dtype=DTYPES[t["datatype"]]).reshape(t["shape"]) for t in request["inputs"]
+    }
+
+
+def encode_json(names: list[str], values: list[np.ndarray]) -> bytes:
+    """The answer's JSON body."""
+    outputs = [
+        {"name": name, "datatype": PROTOCOL[value.dtype], "shape": list(value.shape), "data": value.ravel()}
+        for name, value in zip(names, values, strict=True)
+    ]
+    return orjson.dumps({"outputs": outputs}, option=orjson.OPT_SERIALIZE_NUMPY)
 
 
 async def respond(send: Any, status: int, body: bytes) -> None:

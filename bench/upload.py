@@ -455,6 +455,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             env["MODELYARD_S3_MULTIPART_CHUNK_MB"] = str(args.chunk_mb)
         if args.concurrency:
             env["MODELYARD_S3_MAX_CONCURRENCY"] = str(args.concurrency)
+        if args.malloc_arena_max is not None:
+            env["MODELYARD_MALLOC_ARENA_MAX"] = str(args.malloc_arena_max)
         modelyard = str(BIN / "modelyard")
         created = subprocess.run(
             [modelyard, "createtoken", "bench", "--create-user", "--role", "admin"],
@@ -645,6 +647,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--chunk-mb", type=int, default=0, help="MODELYARD_S3_MULTIPART_CHUNK_MB for the server")
     parser.add_argument("--concurrency", type=int, default=0, help="MODELYARD_S3_MAX_CONCURRENCY for the server")
+    parser.add_argument(
+        "--malloc-arena-max", type=int, default=None, help="MODELYARD_MALLOC_ARENA_MAX for the server (0: glibc's)"
+    )
     parser.add_argument("--output", type=Path, default=None, help="default bench/results/upload[-local].json")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, model)")
     args = parser.parse_args(argv)

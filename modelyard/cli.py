@@ -147,6 +147,9 @@ def _serve(args: argparse.Namespace) -> int:
     _setup()
     from django.conf import settings
 
+    from modelyard import malloc_arenas
+
+    malloc_arenas.limit(settings.MALLOC_ARENA_MAX)  # before the embedded scheduler and uvicorn start threads
     if settings.EMBEDDED_DATABASE or args.migrate:
         _migrate()
     import uvicorn

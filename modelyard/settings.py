@@ -543,6 +543,9 @@ DRAIN_TIMEOUT_SECONDS = env_float("MODELYARD_DRAIN_TIMEOUT_SECONDS", 30.0, minim
 # Once a server has started: freeze its start-up objects out of the garbage collector's scans, and
 # collect the oldest generation ten times less often (modelyard/gc_tuning.py).
 GC_TUNING = env_bool("MODELYARD_GC_TUNING", True)
+# At most this many glibc malloc arenas in a server process and its workers (modelyard/malloc_arenas.py):
+# an upload's threads then share their free memory instead of each keeping its own. 0: glibc's default.
+MALLOC_ARENA_MAX = env_int("MODELYARD_MALLOC_ARENA_MAX", 2, minimum=0)
 # Shadow traffic (inference/shadow.py): at most this many sampled requests wait to be mirrored to a
 # candidate in one inference process; more are dropped and counted, never queued behind real work.
 SHADOW_QUEUE_SIZE = env_int("MODELYARD_SHADOW_QUEUE_SIZE", 16, minimum=1)

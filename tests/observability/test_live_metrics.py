@@ -1,4 +1,5 @@
-"""``/metrics`` of a real ``modelyard serve --role all --workers 2``: it adds up, and has what rules and dashboard read.
+"""``/metrics`` of a real ``modelyard serve --role all --workers 2``: it adds up, and has what rules and dashboard
+read; and its worker processes start with the server's cap on malloc arenas.
 
 Before, each worker process had its own registry: successive scrapes flipped between the counts
 of whichever process answered (8, then 3, ...), which Prometheus reads as counter resets.
@@ -6,6 +7,7 @@ of whichever process answered (8, then 3, ...), which Prometheus reads as counte
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
@@ -155,3 +157,16 @@ def test_a_real_prometheus_sees_the_error_rate_alert_go_pending(live: LiveServer
         assert labels == [{"alertname": "ModelyardInferenceErrorRateHigh", "model": "broken", "severity": "critical"}]
     finally:
         prometheus.stop()
+
+
+def test_every_worker_process_starts_with_the_servers_cap_on_malloc_arenas(live: LiveServer):
+    # MODELYARD_MALLOC_ARENA_MAX (2 by default) reaches each worker as glibc's MALLOC_ARENA_MAX, which glibc
+    # reads as a process starts (modelyard/malloc_arenas.py); the test's environment has none of its own.
+    def environment(pid: int) -> list[bytes]:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+
+    assert not any(entry.startswith(b"MALLOC_ARENA_MAX=") for entry in environment(live.server.process.pid))
+    workers = live.workers()
+    assert len(workers) == 2
+    for pid in workers:
+        assert b"MALLOC_ARENA_MAX=2" in environment(pid)
