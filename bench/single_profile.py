@@ -8,7 +8,8 @@ says where the time of each goes, with MiniLM (seq 32, JSON tensors) on one keep
 
 1. **CPU per request, by thread** (``/proc/<pid>/task/*/stat``), ``--rounds`` times, Modelyard and the
    floor in turn, ``--requests`` each: the event loop's, the run thread's (which calls ``run()``) and
-   ONNX Runtime's pool threads' (which spin between runs), with each side's p50 latency;
+   the other threads' (ONNX Runtime's pool, which spins between runs, and the server's own), with each
+   side's p50 latency;
 2. **the event loop's busy time, by step**: py-spy (``--native``, so the C frames of uvloop, the kernel
    calls and ONNX Runtime show) samples each server's event loop for ``--seconds`` at ``--rate`` Hz while
    the client sends; the samples outside ``epoll_wait`` (the loop waiting) are sorted into the steps of
@@ -213,7 +214,7 @@ def main() -> int:
                     print(
                         f"round {number} {name:<9} p50 {figures['p50_ms']:.3f} ms   CPU per request: event loop "
                         f"{figures['loop_ms']:.3f} ms, run thread {figures['run_thread_ms']:.3f} ms, "
-                        f"ONNX Runtime's pool {figures['other_threads_ms']:.3f} ms",
+                        f"the other threads (ONNX Runtime's pool, spinning) {figures['other_threads_ms']:.3f} ms",
                         flush=True,
                     )
             if args.seconds > 0:
