@@ -77,6 +77,19 @@ def test_readline_and_a_read_of_the_rest(loop):
     assert body.read(10) == b""
 
 
+def test_a_line_across_messages_and_reads_that_split_a_message(loop):
+    line = b"a" * (MESSAGE + 10) + b"\n"  # its newline in the second message
+    data = line + b"b" * (2 * MESSAGE) + b"\n" + b"tail"
+    body, _ = body_of(loop, data)
+    assert body.readline() == line
+    assert body.readline(MESSAGE) == b"b" * MESSAGE  # a line longer than the size asked for: that size
+    assert body.read(7) == b"b" * 7
+    assert body.readline() == b"b" * (MESSAGE - 7) + b"\n"
+    assert body.readline() == b"tail"  # the last line has no newline
+    assert body.readline() == b""
+    assert body.received == len(data)
+
+
 def test_a_body_over_the_upload_limit_stops_the_read(loop, settings):
     settings.MAX_UPLOAD_BYTES = 3 * MESSAGE
     body, received = body_of(loop, b"y" * (10 * MESSAGE))
