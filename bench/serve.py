@@ -381,8 +381,9 @@ def wait_ready(port: int, path: str, process: subprocess.Popen[bytes], log: Path
 
 
 def modelyard_env(data_dir: Path, database_url: str | None) -> dict[str, str]:
-    # MODELYARD_ORT_* session settings and MODELYARD_GC_TUNING pass through, so they can be compared run against run.
-    passed = ("MODELYARD_ORT_", "MODELYARD_GC_TUNING")
+    # MODELYARD_ORT_* session settings, MODELYARD_GC_TUNING and MODELYARD_MALLOC_ARENA_MAX pass through, so they can
+    # be compared run against run.
+    passed = ("MODELYARD_ORT_", "MODELYARD_GC_TUNING", "MODELYARD_MALLOC_ARENA_MAX")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MODELYARD_") or k.startswith(passed)}
     env |= {
         "DJANGO_SETTINGS_MODULE": "modelyard.settings",
