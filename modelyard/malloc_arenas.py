@@ -6,8 +6,8 @@ and gives it back to the system only from its top. An upload to S3 passes its by
 threads (the event loop, the multipart parser's thread, the storage write and boto3's part threads)
 in chunks of 1 MiB and parts of 8 MiB; with an arena each, every one of them holds its own free
 megabytes, and the process's peak is the sum of theirs. Through ``bench/upload.py`` (1 GiB to S3 on
-loopback) the server grew by 69 and 78 MB with glibc's default, and by 58 to 60 MB with one or two
-arenas, for the same CPU (3.1 to 3.5 s against 3.7 and 3.9 s).
+loopback) the server grew by 62 to 78 MB with glibc's default (five runs), and by 54 to 62 MB with two
+arenas (ten runs), for the same CPU.
 
 :func:`limit` caps the arenas of this process, and, through ``MALLOC_ARENA_MAX`` in the environment,
 those of the processes it starts (``--workers``), which glibc reads as each starts. Two arenas, the
