@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -39,7 +38,6 @@ import serve
 from common import stop_process
 
 RESULTS = serve.ROOT / "bench" / "results" / "single_profile.json"
-TICKS = os.sysconf("SC_CLK_TCK")
 
 # (step, frames that mark it): a busy sample of the event loop belongs to the first step one of whose
 # markers appears in its stack (a marker is a substring of a frame, function and file).
@@ -74,22 +72,9 @@ STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
 OTHER = "the ASGI task, asyncio's and uvloop's scheduling, and the rest"
 
 
-def thread_cpu(pid: int) -> dict[int, float]:
-    """CPU seconds of each of the process's threads, by thread id."""
-    found = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        found[int(tid)] = (int(fields[11]) + int(fields[12])) / TICKS
-    return found
-
-
 def by_thread(pid: int, client: serve.KeepAliveClient, requests: int) -> dict[str, Any]:
     """``requests`` requests one at a time: p50, and CPU per request of the loop, the run thread and the rest."""
-    before = thread_cpu(pid)
+    before = serve.thread_cpu(pid)
     latencies = []
     for _ in range(requests):
         started = time.perf_counter()
@@ -97,7 +82,7 @@ def by_thread(pid: int, client: serve.KeepAliveClient, requests: int) -> dict[st
         latencies.append(time.perf_counter() - started)
         if status != 200:
             raise RuntimeError(f"the server answered {status}")
-    after = thread_cpu(pid)
+    after = serve.thread_cpu(pid)
     spent = {tid: after[tid] - before.get(tid, 0.0) for tid in after}
     loop = spent.pop(pid, 0.0)  # the main thread runs the event loop
     # The run thread starts with the first request, after ONNX Runtime's pool threads: the newest busy thread.
