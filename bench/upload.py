@@ -13,20 +13,25 @@ What it does, all on 127.0.0.1 and cleaned up afterwards:
 3. starts ``modelyard serve`` with that store and a Redis broker (redis://127.0.0.1:6379/15), so
    validation is queued rather than run inside the request (nothing consumes the queue; the
    messages this run queued are removed at the end);
-4. streams model.onnx + weights.bin as one multipart request (the client never holds a file in
-   memory) while sampling the server's RSS every 50 ms from /proc;
-5. sends the same two files through the relay floor (``bench/relay_floor.py``: the least a Python
-   server does to pass a file on to the same store, hashing it once), each as a raw body;
-6. writes the same two files straight into the store from this process: boto3 ``upload_file``
-   (default TransferConfig, and the server's client setting: no SHA-256 of each part's body for its
-   signature) to the same endpoint, or ``shutil.copyfile`` into a folder and fsync.
+4. starts the relay floor (``bench/relay_floor.py``: the least a Python server does to pass a file on
+   to the same store, hashing it once), and with ``--store s3`` writes the two files into moto once,
+   unmeasured, and removes them: moto's first large write after it starts is not like the later ones;
+5. runs ``--rounds`` rounds (default 3) of three ways of storing the same two files, each way going
+   first, second and third in turn (an upload's speed here depends on what ran before it):
+   - through Modelyard: one multipart request (``?allow_duplicate=true``, so each round stores a new
+     version), streamed from disk in 1 MiB pieces, while the server's RSS is sampled every 50 ms;
+   - through the relay floor, each file as a raw body;
+   - straight into the store from this process: boto3 ``upload_file`` (default TransferConfig, and the
+     server's client setting: no SHA-256 of each part's body for its signature) to the same endpoint,
+     or ``shutil.copyfile`` into a folder and fsync.
 
 Every measured write starts after ``os.sync()``, so none waits for the write-back of the one before.
-While each of the three runs, it counts the CPU seconds of the server (all threads, and its main
-thread: the event loop for Modelyard), of moto and of this process (the client), since on a small
-machine they share the cores. It prints a table and writes bench/results/upload.json
-(upload-local.json for the local store). The server's RSS growth should stay under 100 MB whatever
-the model size.
+While each runs, it counts the CPU seconds of the server (all threads, and its main thread: the event
+loop for Modelyard), of moto and of this process (the client), since on a small machine they share the
+cores. Each ratio of speeds is taken within a round, and the median over the rounds is reported, with
+every round's figures. It prints a table and writes bench/results/upload.json (upload-local.json for
+the local store). The server's RSS growth, from before the first measured upload to the highest point
+of any, should stay under 100 MB whatever the model size.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -180,7 +186,9 @@ def request(port: int, method: str, path: str, token: str, body: Any = None) -> 
 
 
 def stream_upload(port: int, token: str, model: str, files: list[Path]) -> tuple[int, Any, int]:
-    """POST the files as multipart/form-data, streamed from disk in 1 MiB pieces."""
+    """POST the files as multipart/form-data, streamed from disk in 1 MiB pieces.
+
+    With ``allow_duplicate=true``: every round uploads the same bytes again as a new version."""
     boundary = uuid.uuid4().hex
     heads = [
         (
@@ -192,7 +200,7 @@ def stream_upload(port: int, token: str, model: str, files: list[Path]) -> tuple
     tail = f"--{boundary}--\r\n".encode()
     length = sum(len(head) + path.stat().st_size + 2 for head, path in zip(heads, files, strict=True)) + len(tail)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
-    conn.putrequest("POST", f"/api/v1/models/{model}/versions")
+    conn.putrequest("POST", f"/api/v1/models/{model}/versions?allow_duplicate=true")
     conn.putheader("Authorization", f"Bearer {token}")
     conn.putheader("Content-Type", f"multipart/form-data; boundary={boundary}")
     conn.putheader("Content-Length", str(length))
@@ -308,41 +316,6 @@ class CpuSpent:
         self.seconds = {name: round(after[name] - before, 2) for name, before in self._before.items()}
 
 
-def relay_floor(
-    store_args: list[str], files: list[Path], digests: dict[str, str], work: Path, store_pid: int | None
-) -> tuple[float, int, dict[str, float]]:
-    """Pass ``files`` through ``bench/relay_floor.py`` to the same store, every sha256 checked: the seconds it
-    took, how much the relay's RSS grew meanwhile (sampled as the server's is), and the CPU spent
-    (:class:`CpuSpent`; ``store_pid`` is moto's)."""
-    port = free_port()
-    log = (work / "relay-floor.log").open("wb")
-    floor = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "relay_floor.py"), "--port", str(port), *store_args],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
-        wait_for_server(port, floor, work / "relay-floor.log", path="/")
-        for path in (work / "small" / "model.onnx", work / "small" / "weights.bin"):  # warmed up as the server is
-            assert post_raw(port, path)[0] == 200
-        print("uploading the same files through the relay floor (bench/relay_floor.py) ...", flush=True)
-        settle()
-        before = rss_bytes(floor.pid)
-        sampler = RssSampler(floor.pid)
-        sampler.start()
-        started = time.monotonic()
-        with CpuSpent(server=floor.pid, store=store_pid) as spent:
-            for path in files:
-                status, body = post_raw(port, path)
-                assert status == 200 and body["sha256"] == digests[path.name], (path.name, status, body)
-        seconds = time.monotonic() - started
-        sampler.stop()
-        return seconds, max(sampler.peak, rss_bytes(floor.pid, "VmHWM")) - before, spent.seconds
-    finally:
-        stop_process(floor)
-        log.close()
-
-
 def copy_to_folder(files: list[Path], folder: Path) -> float:
     """Seconds to put ``files`` into ``folder`` at the file system's own speed (``shutil.copyfile``, which the
     kernel copies without a trip through Python, then fsync, as the local store does), with no server."""
@@ -415,6 +388,53 @@ def stored_sizes(args: argparse.Namespace, s3: Any, work: Path) -> list[dict[str
     return list(uploads.values())
 
 
+def start_relay_floor(store_args: list[str], work: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """``bench/relay_floor.py`` on a free port, in front of the same store, warmed up as the server is."""
+    port = free_port()
+    with (work / "relay-floor.log").open("wb") as log:
+        floor = subprocess.Popen(
+            [sys.executable, str(ROOT / "bench" / "relay_floor.py"), "--port", str(port), *store_args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    wait_for_server(port, floor, work / "relay-floor.log", path="/")
+    for path in (work / "small" / "model.onnx", work / "small" / "weights.bin"):
+        assert post_raw(port, path)[0] == 200
+    return floor, port
+
+
+WAYS = ("modelyard", "floor", "direct")
+
+
+def round_order(index: int) -> tuple[str, ...]:
+    """The order of the three ways in round ``index`` (from 0): each goes first, second and third in turn.
+
+    An upload's speed on a small machine depends on when it runs as well as on what does it (the store's
+    page cache and allocator, the client's cache of the model's files), so no way always goes first.
+    """
+    shift = index % len(WAYS)
+    return WAYS[shift:] + WAYS[:shift]
+
+
+def summarise(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The median of each way's seconds and CPU counts, and of each round's ratios of speed (a ratio is
+    taken within a round, where the three ways met the same machine, then the median over rounds)."""
+    summary: dict[str, Any] = {}
+    for way in WAYS:
+        summary[f"{way}_seconds"] = statistics.median(r[way]["seconds"] for r in rounds)
+    for faster, slower in (("modelyard", "direct"), ("floor", "direct"), ("modelyard", "floor")):
+        ratios = [r[slower]["seconds"] / r[faster]["seconds"] for r in rounds]  # speed ratio = inverse of time
+        summary[f"ratio_{faster}_to_{slower}"] = statistics.median(ratios)
+        summary[f"ratios_{faster}_to_{slower}"] = [round(ratio, 3) for ratio in ratios]
+    summary["cpu_seconds"] = {
+        way: {
+            key: statistics.median(r[way]["cpu_seconds"][key] for r in rounds) for key in rounds[0][way]["cpu_seconds"]
+        }
+        for way in WAYS
+    }
+    return summary
+
+
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     aws = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
     os.environ.update(aws)
@@ -422,7 +442,9 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     endpoint, s3 = "", cast(Any, None)
     if args.store == "s3":
         moto, endpoint, s3 = start_moto(work)
+    store_pid = None if moto is None else moto.pid
     server: subprocess.Popen[bytes] | None = None
+    floor: subprocess.Popen[bytes] | None = None
     try:
         print("checking a small copy of the model with onnx.checker and ONNX Runtime ...", flush=True)
         check_small_copy(work / "small")
@@ -488,56 +510,85 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             port, token, MODEL_NAME, [work / "small" / "model.onnx", work / "small" / "weights.bin"]
         )
         assert status == 201, (status, body)
+        store_args = (
+            ["--s3-endpoint", endpoint, "--bucket", BUCKET] if args.store == "s3" else ["--folder", str(work / "relay")]
+        )
+        floor, floor_port = start_relay_floor(store_args, work)
+        if args.store == "s3":
+            # moto's first large write after it starts is not like the later ones (its temp files, the page
+            # cache they take): one unmeasured write of the same files, removed again, so that none of the
+            # measured ways meets a fresh store.
+            print("warming the store with the same files (boto3 upload_file, not measured) ...", flush=True)
+            for path in files:
+                s3.upload_file(str(path), BUCKET, f"warm-up/{path.name}")
+                s3.delete_object(Bucket=BUCKET, Key=f"warm-up/{path.name}")
         time.sleep(0.5)
 
-        settle()
-        rss_before = rss_bytes(server.pid)
-        sampler = RssSampler(server.pid)
-        sampler.start()
-        print(f"uploading {total / 1e6:.0f} MB through Modelyard (server pid {server.pid}) ...", flush=True)
-        started = time.monotonic()
-        with CpuSpent(server=server.pid, store=None if moto is None else moto.pid) as modelyard_cpu:
+        uploaded: list[Any] = []
+
+        def through_modelyard(index: int) -> None:
             status, body, _ = stream_upload(port, token, MODEL_NAME, files)
-        upload_s = time.monotonic() - started
-        time.sleep(0.3)
-        sampler.stop()
+            if status != 201:
+                raise RuntimeError(f"upload failed: {status} {body}\n{server_log.read_text()[-4000:]}")
+            stored = {f["name"]: f for f in body["files"]}
+            for name, digest in digests.items():
+                assert stored[name]["sha256"] == digest, (name, stored[name], digest)
+            uploaded.append(body)
+
+        def through_floor(index: int) -> None:
+            for path in files:
+                status, answer = post_raw(floor_port, path)
+                assert status == 200 and answer["sha256"] == digests[path.name], (path.name, status, answer)
+
+        def direct(index: int) -> None:
+            if args.store == "s3":
+                for path in files:
+                    s3.upload_file(str(path), BUCKET, f"boto3/{path.name}")
+                head = s3.head_object(Bucket=BUCKET, Key="boto3/weights.bin")
+                assert head["ContentLength"] == files[1].stat().st_size
+            else:
+                copy_to_folder(files, work / f"copy-{index}")
+
+        store = {"modelyard": through_modelyard, "floor": through_floor, "direct": direct}
+        watched = {"modelyard": server.pid, "floor": floor.pid, "direct": None}
+        settle()
+        before = {"modelyard": rss_bytes(server.pid), "floor": rss_bytes(floor.pid)}
+        peaks = dict.fromkeys(before, 0)
+        rss_timeline: list[list[float]] = []
+        rounds: list[dict[str, dict[str, Any]]] = []
+        for index in range(args.rounds):
+            measured: dict[str, dict[str, Any]] = {}
+            for position, way in enumerate(round_order(index), start=1):
+                print(f"round {index + 1}/{args.rounds}, {position}. {LABELS[args.store][way]} ...", flush=True)
+                settle()
+                pid = watched[way]
+                sampler = RssSampler(pid) if pid is not None else None
+                if sampler is not None:
+                    sampler.start()
+                started = time.monotonic()
+                with CpuSpent(server=pid, store=store_pid) as spent:
+                    store[way](index)
+                seconds = time.monotonic() - started
+                if sampler is not None and pid is not None:
+                    time.sleep(0.3)
+                    sampler.stop()
+                    peaks[way] = max(peaks[way], sampler.peak, rss_bytes(pid, "VmHWM"))
+                    if way == "modelyard" and not rss_timeline:
+                        rss_timeline = [[round(t, 2), round(rss / 1e6, 1)] for t, rss in sampler.samples[::10]]
+                measured[way] = {"seconds": round(seconds, 3), "position": position, "cpu_seconds": spent.seconds}
+                if sampler is not None:
+                    # This upload's own growth: from the RSS as it started to the highest sample during it.
+                    measured[way]["rss_growth_bytes"] = sampler.peak - sampler.samples[0][1]
+            rounds.append(measured)
         rss_after = rss_bytes(server.pid)
-        hwm = rss_bytes(server.pid, "VmHWM")
-        if status != 201:
-            raise RuntimeError(f"upload failed: {status} {body}\n{server_log.read_text()[-4000:]}")
-        stored = {f["name"]: f for f in body["files"]}
-        for name, digest in digests.items():
-            assert stored[name]["sha256"] == digest, (name, stored[name], digest)
         expected = {path.name: path.stat().st_size for path in files}
-        assert expected in stored_sizes(args, s3, work), (expected, stored_sizes(args, s3, work))
+        assert stored_sizes(args, s3, work).count(expected) == args.rounds, (expected, stored_sizes(args, s3, work))
         stop_process(server)
         dropped = drop_queued_messages(server.pid)
         server = None
 
-        if args.store == "s3":
-            assert moto is not None
-            floor_s, floor_growth, floor_cpu = relay_floor(
-                ["--s3-endpoint", endpoint, "--bucket", BUCKET], files, digests, work, moto.pid
-            )
-            print("uploading the same files with boto3 upload_file ...", flush=True)
-            settle()
-            started = time.monotonic()
-            with CpuSpent(server=None, store=moto.pid) as direct_cpu:
-                for path in files:
-                    s3.upload_file(str(path), BUCKET, f"boto3/{path.name}")
-            direct_s = time.monotonic() - started
-            head = s3.head_object(Bucket=BUCKET, Key="boto3/weights.bin")
-            assert head["ContentLength"] == files[1].stat().st_size
-        else:
-            floor_s, floor_growth, floor_cpu = relay_floor(
-                ["--folder", str(work / "relay")], files, digests, work, None
-            )
-            print("copying the same files into a folder (shutil.copyfile, fsync), no server ...", flush=True)
-            settle()
-            with CpuSpent(server=None, store=None) as direct_cpu:
-                direct_s = copy_to_folder(files, work / "copy")
-
-        modelyard_rate, floor_rate, direct_rate = (mb_per_s(total, s) for s in (upload_s, floor_s, direct_s))
+        summary = summarise(rounds)
+        last = uploaded[-1]
         return {
             "size_mb": args.size_mb,
             "bytes": total,
@@ -548,35 +599,26 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 "s3_max_concurrency": int(env.get("MODELYARD_S3_MAX_CONCURRENCY", "4")),
                 "validation": f"queued on {BROKER_URL} (not run; {dropped} message(s) removed afterwards)",
             },
+            "rounds": rounds,
             "rss_idle_bytes": rss_idle,
-            "rss_before_bytes": rss_before,
-            "rss_peak_sampled_bytes": sampler.peak,
-            "rss_hwm_bytes": hwm,
+            "rss_before_bytes": before["modelyard"],
+            "rss_peak_bytes": peaks["modelyard"],
             "rss_after_bytes": rss_after,
-            "rss_growth_bytes": max(sampler.peak, hwm) - rss_before,
-            "rss_samples": len(sampler.samples),
-            "rss_timeline_mb": [[round(t, 2), round(rss / 1e6, 1)] for t, rss in sampler.samples[::10]],
+            # From before the first measured upload to the highest point of any: what the server keeps
+            # between uploads counts too.
+            "rss_growth_bytes": peaks["modelyard"] - before["modelyard"],
+            "rss_growth_per_upload_bytes": [r["modelyard"]["rss_growth_bytes"] for r in rounds],
+            "rss_timeline_mb": rss_timeline,
             "rss_limit_bytes": RSS_LIMIT_BYTES,
-            "version": {"version": body["version"], "status": body["status"], "sha256": body["sha256"]},
-            "modelyard_seconds": upload_s,
-            "modelyard_mb_per_s": modelyard_rate,
-            "floor_seconds": floor_s,
-            "floor_mb_per_s": floor_rate,
-            "floor_rss_growth_bytes": floor_growth,
-            "direct_seconds": direct_s,
-            "direct_mb_per_s": direct_rate,
-            "ratio_modelyard_to_direct": modelyard_rate / direct_rate,
-            "ratio_floor_to_direct": floor_rate / direct_rate,
-            "ratio_modelyard_to_floor": modelyard_rate / floor_rate,
-            # CPU seconds while each ran: server (all threads; server_main_thread: the event loop for
-            # Modelyard), store (moto), client (this process).
-            "cpu_seconds": {
-                "modelyard": modelyard_cpu.seconds,
-                "floor": floor_cpu,
-                "direct": direct_cpu.seconds,
-            },
+            "version": {"version": last["version"], "status": last["status"], "sha256": last["sha256"]},
+            **summary,
+            "modelyard_mb_per_s": mb_per_s(total, summary["modelyard_seconds"]),
+            "floor_mb_per_s": mb_per_s(total, summary["floor_seconds"]),
+            "direct_mb_per_s": mb_per_s(total, summary["direct_seconds"]),
+            "floor_rss_growth_bytes": peaks["floor"] - before["floor"],
         }
     finally:
+        stop_process(floor)
         if server is not None:
             stop_process(server)
             drop_queued_messages(server.pid)
@@ -585,6 +627,14 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 DIRECT = {"s3": "boto3 upload_file", "local": "shutil.copyfile into a folder, fsync"}
+LABELS = {
+    store: {
+        "modelyard": "through Modelyard",
+        "floor": "through the relay floor (bench/relay_floor.py)",
+        "direct": direct,
+    }
+    for store, direct in DIRECT.items()
+}
 
 
 def describe_cpu(seconds: dict[str, float]) -> str:
@@ -601,8 +651,17 @@ def describe_cpu(seconds: dict[str, float]) -> str:
 def report(result: dict[str, Any]) -> None:
     mb = 1e6
     growth = result["rss_growth_bytes"]
+    print()
+    print("  round  order                         seconds: modelyard  floor  direct   modelyard/direct  floor/direct")
+    for index, measured in enumerate(result["rounds"]):
+        order = sorted(WAYS, key=lambda way: measured[way]["position"])
+        seconds = [measured[way]["seconds"] for way in WAYS]
+        print(
+            f"  {index + 1:>5}  {', '.join(order):<30}{seconds[0]:>18.1f}{seconds[1]:>7.1f}{seconds[2]:>8.1f}"
+            f"{seconds[2] / seconds[0]:>19.2f}{seconds[2] / seconds[1]:>14.2f}"
+        )
     rows = [
-        ("payload", f"{result['bytes'] / mb:,.1f} MB (model.onnx + weights.bin)"),
+        ("payload", f"{result['bytes'] / mb:,.1f} MB (model.onnx + weights.bin), {len(result['rounds'])} rounds"),
         (
             "server S3 settings",
             "chunk {s3_multipart_chunk_mb} MiB, concurrency {s3_max_concurrency}".format(**result["server"])
@@ -611,25 +670,33 @@ def report(result: dict[str, Any]) -> None:
         ),
         ("server RSS idle", f"{result['rss_idle_bytes'] / mb:,.1f} MB"),
         ("server RSS before", f"{result['rss_before_bytes'] / mb:,.1f} MB (after a small warm-up upload)"),
-        ("server RSS peak (50 ms)", f"{result['rss_peak_sampled_bytes'] / mb:,.1f} MB"),
-        ("server VmHWM", f"{result['rss_hwm_bytes'] / mb:,.1f} MB"),
+        ("server RSS peak", f"{result['rss_peak_bytes'] / mb:,.1f} MB (sampled every 50 ms, and VmHWM)"),
         ("server RSS after", f"{result['rss_after_bytes'] / mb:,.1f} MB"),
         (
             "server RSS growth",
-            f"{growth / mb:,.1f} MB ({'OK' if growth < RSS_LIMIT_BYTES else 'OVER'} the 100 MB limit)",
+            f"{growth / mb:,.1f} MB over all rounds ({'OK' if growth < RSS_LIMIT_BYTES else 'OVER'} the 100 MB limit); "
+            f"each upload's own: {', '.join(f'{g / mb:,.1f}' for g in result['rss_growth_per_upload_bytes'])} MB",
         ),
         ("store", result["store"]),
-        ("modelyard upload", f"{result['modelyard_seconds']:.1f} s, {result['modelyard_mb_per_s']:.1f} MB/s"),
+        ("modelyard upload", f"median {result['modelyard_seconds']:.1f} s, {result['modelyard_mb_per_s']:.1f} MB/s"),
         (
             "relay floor",
-            f"{result['floor_seconds']:.1f} s, {result['floor_mb_per_s']:.1f} MB/s, "
+            f"median {result['floor_seconds']:.1f} s, {result['floor_mb_per_s']:.1f} MB/s, "
             f"RSS growth {result['floor_rss_growth_bytes'] / mb:,.1f} MB",
         ),
-        (result["direct"], f"{result['direct_seconds']:.1f} s, {result['direct_mb_per_s']:.1f} MB/s"),
-        ("ratio modelyard / direct", f"{result['ratio_modelyard_to_direct']:.2f}"),
-        ("ratio relay floor / direct", f"{result['ratio_floor_to_direct']:.2f}"),
-        ("ratio modelyard / relay floor", f"{result['ratio_modelyard_to_floor']:.2f}"),
-        *((f"CPU s, {way}", describe_cpu(result["cpu_seconds"][way])) for way in ("modelyard", "floor", "direct")),
+        (result["direct"], f"median {result['direct_seconds']:.1f} s, {result['direct_mb_per_s']:.1f} MB/s"),
+        *(
+            (
+                f"ratio {name}",
+                f"median {result[key]:.2f} (rounds: {', '.join(f'{r:.2f}' for r in result['ratios' + key[5:]])})",
+            )
+            for name, key in (
+                ("modelyard / direct", "ratio_modelyard_to_direct"),
+                ("relay floor / direct", "ratio_floor_to_direct"),
+                ("modelyard / relay floor", "ratio_modelyard_to_floor"),
+            )
+        ),
+        *((f"CPU s, {way}", describe_cpu(result["cpu_seconds"][way]) + " (medians)") for way in WAYS),
         ("version", f"{result['version']['version']} ({result['version']['status']})"),
     ]
     width = max(len(name) for name, _ in rows)
@@ -649,6 +716,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=0, help="MODELYARD_S3_MAX_CONCURRENCY for the server")
     parser.add_argument(
         "--malloc-arena-max", type=int, default=None, help="MODELYARD_MALLOC_ARENA_MAX for the server (0: glibc's)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="rounds of the three ways, each going first in turn (default 3)"
     )
     parser.add_argument("--output", type=Path, default=None, help="default bench/results/upload[-local].json")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (logs, model)")

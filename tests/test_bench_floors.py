@@ -236,3 +236,29 @@ def test_the_upload_benchmark_counts_the_cpu_a_server_spends_while_it_stores(tmp
     assert set(spent.seconds) == {"server", "server_main_thread", "client"}
     assert 0.4 <= spent.seconds["server_main_thread"] <= spent.seconds["server"]
     assert spent.seconds["client"] < 0.4  # this process only waited
+
+
+def test_the_upload_benchmark_puts_each_way_first_in_turn_and_takes_ratios_within_rounds():
+    assert [upload.round_order(index) for index in range(4)] == [
+        ("modelyard", "floor", "direct"),
+        ("floor", "direct", "modelyard"),
+        ("direct", "modelyard", "floor"),
+        ("modelyard", "floor", "direct"),
+    ]
+
+    def way(seconds: float) -> dict[str, Any]:
+        return {"seconds": seconds, "cpu_seconds": {"store": seconds * 2, "client": 1.0}}
+
+    # Round 2 is slow for every way (a busy machine): its ratios still count as the others do.
+    rounds = [
+        {"modelyard": way(10.0), "floor": way(8.0), "direct": way(8.0)},
+        {"modelyard": way(40.0), "floor": way(40.0), "direct": way(38.0)},
+        {"modelyard": way(12.0), "floor": way(12.0), "direct": way(12.0)},
+    ]
+    summary = upload.summarise(rounds)
+    assert summary["modelyard_seconds"] == 12.0
+    assert summary["ratios_modelyard_to_direct"] == [0.8, 0.95, 1.0]
+    assert summary["ratio_modelyard_to_direct"] == 0.95
+    assert summary["ratios_modelyard_to_floor"] == [0.8, 1.0, 1.0]
+    assert summary["ratio_floor_to_direct"] == 1.0
+    assert summary["cpu_seconds"]["floor"] == {"store": 24.0, "client": 1.0}
