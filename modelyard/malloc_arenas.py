@@ -14,6 +14,10 @@ those of the processes it starts (``--workers``), which glibc reads as each star
 default of ``MODELYARD_MALLOC_ARENA_MAX``, is the usual cap for a Python server; ``0`` leaves glibc's
 default. A ``MALLOC_ARENA_MAX`` set by the operator is glibc's own setting and wins: it is left
 alone. Elsewhere than on glibc (macOS, musl) nothing changes.
+
+:func:`release_free_memory` gives the pages an arena holds free back to the system. The streamed
+multipart uploads (``registry.http``) call it as each ends, when its parts and chunks have just been
+freed: the next upload starts from the server's own size instead of on top of the last one's holes.
 """
 
 from __future__ import annotations
@@ -43,3 +47,17 @@ def limit(arenas: int) -> bool:
         return False
     os.environ[ENVIRONMENT] = str(arenas)
     return True
+
+
+def release_free_memory() -> bool:
+    """Give the memory this process's malloc arenas hold free back to the system; True when glibc did.
+
+    glibc's ``malloc_trim(0)``: it returns the free top of every arena and, inside them, every whole
+    page no allocation uses. An upload's 8 MiB parts and 1 MiB chunks are freed when it ends, but their
+    pages stay with the arenas, and the next upload's blocks do not fit the holes exactly: without this
+    the server's RSS crept up by 106 MB over six 1 GiB uploads in a row (``bench/upload.py --rounds 6``).
+    """
+    libc = ctypes.CDLL(None)
+    if not hasattr(libc, "malloc_trim"):  # not glibc
+        return False
+    return bool(libc.malloc_trim(0))

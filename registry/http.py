@@ -37,6 +37,7 @@ from django.http import HttpRequest, JsonResponse, QueryDict
 from django.http.multipartparser import MultiPartParser, MultiPartParserError
 from rest_framework.response import Response
 
+from modelyard import malloc_arenas
 from modelyard.error_body import error_body
 from modelyard.streaming import BodyIdleTimeout, BodyTooLarge
 from registry import errors
@@ -297,6 +298,7 @@ class MultipartUpload:
             if self._pipe is not None:
                 self._pipe.release()  # at once, if it waits for room in the pipe
         self._join()
+        malloc_arenas.release_free_memory()  # the upload's parts and chunks are free now
         if exc is not None and self._error is not None and self._error is not exc:
             # The body could not be read (too large, a client that stalled or left): that is the answer,
             # not what the storage write made of the pipe it was reading from.
@@ -425,6 +427,7 @@ class MultipartInput:
         if self._pipe is not None:
             self._pipe.release()  # at once, though the service never read the input (a missing field, say)
         self._join()
+        malloc_arenas.release_free_memory()  # the input's chunks are free now
         if exc is not None and self._error is not None and self._error is not exc:
             raise self._error from None
 

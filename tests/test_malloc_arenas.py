@@ -93,3 +93,41 @@ def test_an_operators_malloc_arena_max_wins():
     assert state["took"] is False
     assert state["environment"] == "3"
     assert 1 < state["arenas"] <= 3  # glibc's own reading of it, not the cap asked for
+
+
+# 64 blocks of 1 MiB, freed but kept by the arena: no automatic trim (its threshold at 1 GiB) and no block
+# mapped on its own (the mmap threshold at 32 MiB), as glibc does for an upload's parts once its dynamic
+# thresholds have risen; then the RSS before and after ``release_free_memory``.
+FREED = """
+import ctypes, json
+
+from modelyard import malloc_arenas
+
+libc = ctypes.CDLL(None)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+assert libc.mallopt(M_TRIM_THRESHOLD, 1 << 30) == 1 and libc.mallopt(M_MMAP_THRESHOLD, 32 << 20) == 1
+
+def rss():
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+
+start = rss()
+blocks = [b"\x01" * (1 << 20) for _ in range(64)]  # written: bytes(n) would be calloc, untouched
+pin = bytes(4096)  # above the blocks: the arena's top stays in use
+held = rss()
+del blocks
+freed = rss()
+released = malloc_arenas.release_free_memory()
+print(json.dumps({"start": start, "held": held, "freed": freed, "after": rss(), "released": released}))
+"""
+
+
+def test_release_free_memory_gives_an_arenas_free_pages_back_to_the_system():
+    done = subprocess.run([sys.executable, "-c", FREED], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    state = json.loads(done.stdout.strip().splitlines()[-1])
+    mib = 1 << 20
+    assert state["held"] - state["start"] >= 60 * mib
+    assert state["freed"] - state["start"] >= 60 * mib  # freed, but the arena keeps the pages
+    assert state["released"] is True
+    assert state["after"] - state["start"] < 8 * mib

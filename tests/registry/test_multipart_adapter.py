@@ -124,3 +124,42 @@ def test_a_released_pipe_wakes_its_blocked_writer_with_an_abort(monkeypatch):
     pipe.release()
     writer.join(timeout=SLOW_POLL / 2)
     assert outcome == ["_Aborted"]
+
+
+# --- The memory an upload freed goes back to the system ------------------------------------------------
+
+
+@pytest.fixture
+def releases(monkeypatch) -> list[list[str]]:
+    """Each call of ``malloc_arenas.release_free_memory`` from registry.http: the upload threads alive at it."""
+    calls: list[list[str]] = []
+
+    def record() -> bool:
+        calls.append([thread.name for thread in threading.enumerate() if thread.name.startswith("upload-")])
+        return True
+
+    monkeypatch.setattr("registry.http.malloc_arenas.release_free_memory", record)
+    return calls
+
+
+def test_an_upload_gives_its_freed_memory_back_once_its_parser_has_ended(owner, registered, releases):
+    request = form_request([("model.onnx", add_model_bytes())])
+    with MultipartUpload(request) as body:
+        version_upload(model=RegisteredModel.objects.get(name=registered), source=body, actor=owner.actor)
+        assert releases == []
+    assert releases == [[]]
+
+
+def test_a_refused_upload_gives_its_freed_memory_back_too(owner, registered, releases):
+    request = form_request([("model.onnx", b"plain text")])
+    with pytest.raises(NotAnOnnxModel), MultipartUpload(request) as body:
+        version_upload(model=RegisteredModel.objects.get(name=registered), source=body, actor=owner.actor)
+    assert releases == [[]]
+
+
+def test_a_job_input_gives_its_freed_memory_back(releases):
+    request = RequestFactory().post("/api/v1/inference-jobs", {"input": SimpleUploadedFile("in.jsonl", b"{}\n")})
+    with MultipartInput(request) as body:
+        _fields, _name, stream = body.start()
+        assert stream is not None and stream.read() == b"{}\n"
+    assert releases == [[]]
