@@ -25,6 +25,8 @@ What it does, all on 127.0.0.1 and cleaned up afterwards:
      server's client setting: no SHA-256 of each part's body for its signature) to the same endpoint,
      or ``shutil.copyfile`` into a folder and fsync.
 
+   Every way writes new files each round, as Modelyard stores every upload under new keys.
+
 Every measured write starts after ``os.sync()``, so none waits for the write-back of the one before.
 While each runs, it counts the CPU seconds of the server (all threads, and its main thread: the event
 loop for Modelyard), of moto and of this process (the client), since on a small machine they share the
@@ -271,10 +273,11 @@ def mb_per_s(size: int, seconds: float) -> float:
     return size / 1e6 / seconds if seconds > 0 else float("inf")
 
 
-def post_raw(port: int, path: Path) -> tuple[int, Any]:
-    """POST one file's bytes as the raw body, streamed from disk in 1 MiB pieces (``bench/relay_floor.py``)."""
+def post_raw(port: int, path: Path, name: str = "") -> tuple[int, Any]:
+    """POST one file's bytes as the raw body, streamed from disk in 1 MiB pieces (``bench/relay_floor.py``),
+    to be stored as ``name`` (the file's own name by default)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=900)
-    conn.putrequest("POST", f"/{path.name}")
+    conn.putrequest("POST", f"/{name or path.name}")
     conn.putheader("Content-Length", str(path.stat().st_size))
     conn.endheaders()
     with path.open("rb") as source:
@@ -535,16 +538,18 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 assert stored[name]["sha256"] == digest, (name, stored[name], digest)
             uploaded.append(body)
 
+        # Every way writes new files each round, as Modelyard stores each upload under a new key: writing over
+        # the last round's (the store freeing what they held first) costs the store differently.
         def through_floor(index: int) -> None:
             for path in files:
-                status, answer = post_raw(floor_port, path)
+                status, answer = post_raw(floor_port, path, f"{index}-{path.name}")
                 assert status == 200 and answer["sha256"] == digests[path.name], (path.name, status, answer)
 
         def direct(index: int) -> None:
             if args.store == "s3":
                 for path in files:
-                    s3.upload_file(str(path), BUCKET, f"boto3/{path.name}")
-                head = s3.head_object(Bucket=BUCKET, Key="boto3/weights.bin")
+                    s3.upload_file(str(path), BUCKET, f"boto3/{index}-{path.name}")
+                head = s3.head_object(Bucket=BUCKET, Key=f"boto3/{index}-weights.bin")
                 assert head["ContentLength"] == files[1].stat().st_size
             else:
                 copy_to_folder(files, work / f"copy-{index}")
