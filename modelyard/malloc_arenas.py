@@ -55,7 +55,8 @@ def release_free_memory() -> bool:
     glibc's ``malloc_trim(0)``: it returns the free top of every arena and, inside them, every whole
     page no allocation uses. An upload's 8 MiB parts and 1 MiB chunks are freed when it ends, but their
     pages stay with the arenas, and the next upload's blocks do not fit the holes exactly: without this
-    the server's RSS crept up by 106 MB over six 1 GiB uploads in a row (``bench/upload.py --rounds 6``).
+    the server's RSS crept up by 106 MB over six 1 GiB uploads in a row (``bench/upload.py --rounds 6``),
+    and by 65-73 MB with it.
     """
     libc = ctypes.CDLL(None)
     if not hasattr(libc, "malloc_trim"):  # not glibc
