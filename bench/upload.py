@@ -425,10 +425,10 @@ def summarise(rounds: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     for way in WAYS:
         summary[f"{way}_seconds"] = statistics.median(r[way]["seconds"] for r in rounds)
-    for faster, slower in (("modelyard", "direct"), ("floor", "direct"), ("modelyard", "floor")):
-        ratios = [r[slower]["seconds"] / r[faster]["seconds"] for r in rounds]  # speed ratio = inverse of time
-        summary[f"ratio_{faster}_to_{slower}"] = statistics.median(ratios)
-        summary[f"ratios_{faster}_to_{slower}"] = [round(ratio, 3) for ratio in ratios]
+    for way, against in (("modelyard", "direct"), ("floor", "direct"), ("modelyard", "floor")):
+        ratios = [r[against]["seconds"] / r[way]["seconds"] for r in rounds]  # a ratio of speeds: time inverted
+        summary[f"ratio_{way}_to_{against}"] = statistics.median(ratios)
+        summary[f"ratios_{way}_to_{against}"] = [round(ratio, 3) for ratio in ratios]
     summary["cpu_seconds"] = {
         way: {
             key: statistics.median(r[way]["cpu_seconds"][key] for r in rounds) for key in rounds[0][way]["cpu_seconds"]
