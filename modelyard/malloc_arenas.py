@@ -23,6 +23,7 @@ freed: the next upload starts from the server's own size instead of on top of th
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 
@@ -32,6 +33,13 @@ ENVIRONMENT = "MALLOC_ARENA_MAX"  # glibc's own knob, read once as a process sta
 M_ARENA_MAX = -8  # mallopt's parameter, from glibc's <malloc.h>
 
 
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """The C library this interpreter runs on, if it is glibc (macOS's and musl's have no arenas to tune)."""
+    libc = ctypes.CDLL(None)
+    return libc if hasattr(libc, "gnu_get_libc_version") else None
+
+
 def limit(arenas: int) -> bool:
     """At most ``arenas`` malloc arenas in this process and the processes it starts; True when glibc took it.
 
@@ -39,8 +47,8 @@ def limit(arenas: int) -> bool:
     """
     if arenas <= 0 or ENVIRONMENT in os.environ:
         return False
-    libc = ctypes.CDLL(None)  # the C library this interpreter runs on
-    if not hasattr(libc, "gnu_get_libc_version"):  # not glibc: no arenas to cap
+    libc = _glibc()
+    if libc is None:
         return False
     if libc.mallopt(M_ARENA_MAX, arenas) != 1:
         logger.warning("glibc refused %s=%d; its default number of malloc arenas stays", ENVIRONMENT, arenas)
@@ -58,7 +66,5 @@ def release_free_memory() -> bool:
     the server's RSS crept up by 106 MB over six 1 GiB uploads in a row (``bench/upload.py --rounds 6``),
     and by 65-73 MB with it.
     """
-    libc = ctypes.CDLL(None)
-    if not hasattr(libc, "malloc_trim"):  # not glibc
-        return False
-    return bool(libc.malloc_trim(0))
+    libc = _glibc()
+    return libc is not None and bool(libc.malloc_trim(0))
