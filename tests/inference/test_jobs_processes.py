@@ -193,7 +193,7 @@ def test_jobs_in_every_format_give_what_direct_runs_and_v2_give(owner, approver,
 
 def test_a_killed_process_loses_only_its_chunk_and_a_cancel_stops_a_job(owner, approver, admin, start_server, settings):
     settings.INFERENCE_JOB_CHUNK_ROWS = 8
-    # Chunks of a few hundred milliseconds: a chunk seen running is still running when its process is killed.
+    # Chunks of a few hundred milliseconds, so that one is caught while it runs.
     setup_model(owner, approver, [1.0], layers=400, width=WIDE)
     first = start_server("inf-a", extra_env=JOB_ENV, wait=False)
     second = start_server("inf-b", extra_env=JOB_ENV, wait=False)  # both start at once
@@ -208,12 +208,23 @@ def test_a_killed_process_loses_only_its_chunk_and_a_cancel_stops_a_job(owner, a
 
     x = rows_of(2, 48, WIDE)
     job = submit(owner, npz(x=x), "rows.npz")
-    held = eventually(
-        lambda: InferenceJobChunk.objects.filter(job=job, state=JobStatus.RUNNING, worker_id="inf-a").first(),
-        timeout=60,
-        interval=0.01,
-        what="inf-a never ran a chunk",
-    )
+
+    def caught_running() -> InferenceJobChunk | None:
+        """A chunk inf-a runs, with inf-a stopped while it still does: nothing can finish it before the kill.
+
+        Seen running and then killed, a chunk could finish in between on a busy machine (it did in CI).
+        """
+        chunk = InferenceJobChunk.objects.filter(job=job, state=JobStatus.RUNNING, worker_id="inf-a").first()
+        if chunk is None:
+            return None
+        os.killpg(first.process.pid, signal.SIGSTOP)
+        chunk.refresh_from_db()  # what inf-a had committed when it stopped
+        if chunk.state == JobStatus.RUNNING and chunk.worker_id == "inf-a":
+            return chunk
+        os.killpg(first.process.pid, signal.SIGCONT)  # it finished that one first: catch the next
+        return None
+
+    held = eventually(caught_running, timeout=60, interval=0.01, what="inf-a never ran a chunk")
     os.killpg(first.process.pid, signal.SIGKILL)  # mid-chunk: its lease lapses, and inf-b takes the chunk again
     first.process.wait()
     np.testing.assert_array_equal(result_npz(wait_ended(job))["y"], x + np.float32(1.0))
